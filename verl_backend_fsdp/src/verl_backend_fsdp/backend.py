@@ -1,0 +1,419 @@
+"""FSDP2 workers: actor, critic and reference roles over a Hugging Face model.
+
+Each decoder layer and the root module are wrapped with ``fully_shard`` on a 1-D device mesh of
+the worker group's ranks (gloo on CPU, NCCL on GPU). The controller's executor starts the
+processes and sets up ``torch.distributed``; this module never launches anything itself. A
+single-process run gets a one-rank process group so the same code path runs everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from verl_core.batch import Batch
+from verl_core.interfaces import (
+    BackendConfig,
+    LogProbs,
+    LossFn,
+    ModelSpec,
+    Role,
+    TrainingBackend,
+    TrainingWorker,
+    WorldInfo,
+)
+
+__all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss or gradient norm became NaN/inf; the update was not applied."""
+
+
+@dataclass
+class FSDPConfig(BackendConfig):
+    """FSDP2 settings on top of the common backend settings.
+
+    Attributes:
+        param_dtype: dtype of parameters during forward/backward (mixed precision); master
+            weights and optimizer state stay in the model's dtype.
+        reduce_dtype: dtype of gradient reduction across ranks.
+        activation_checkpointing: recompute layer activations in backward to save memory.
+        cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU (GPU runs).
+        reshard_after_forward: free gathered parameters after each layer's forward.
+    """
+
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    reshard_after_forward: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("param_dtype", "reduce_dtype"):
+            if getattr(self, key) not in _DTYPES:
+                raise ValueError(f"{key}: must be one of {sorted(_DTYPES)}")
+
+
+class FSDPBackend(TrainingBackend):
+    """Builds :class:`FSDPWorker` instances."""
+
+    Config = FSDPConfig
+
+    def create_worker(self, *, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> "FSDPWorker":
+        return FSDPWorker(config=self.config, role=Role(role), model=model, world=world, seed=seed)
+
+
+def _ensure_process_group(world: WorldInfo) -> None:
+    if dist.is_initialized():
+        if dist.get_world_size() != world.world_size:
+            raise RuntimeError(f"torch.distributed is initialised with world size {dist.get_world_size()}, "
+                               f"but this worker group has {world.world_size} ranks")
+        return
+    backend = "nccl" if world.device.startswith("cuda") else "gloo"
+    if world.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        # A one-rank group needs no rendezvous: an in-memory store is enough.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend, rank=world.rank, world_size=world.world_size)
+
+
+def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
+    dtype = _DTYPES[spec.dtype]
+    if spec.module is not None and role is not Role.CRITIC:
+        return spec.module
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    path = Path(spec.path)
+    if not path.exists():
+        raise FileNotFoundError(f"model.path: {spec.path!r} does not exist (give a local Hugging Face model "
+                                f"directory)")
+    hf_config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+    if role is Role.CRITIC:
+        # The value head sits on the same architecture: token classification with one label.
+        hf_config.num_labels = 1
+        module = AutoModelForTokenClassification.from_pretrained(
+            spec.path, config=hf_config, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+        if hasattr(module, "score"):
+            torch.nn.init.zeros_(module.score.weight)  # start from value 0 everywhere, not noise
+        return module
+    try:
+        return AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+    except ValueError as exc:
+        raise ValueError(f"model.path: {spec.path!r} is not a causal language model "
+                         f"({hf_config.model_type}): {exc}") from exc
+
+
+class FSDPWorker(TrainingWorker):
+    """One role on one rank, with its FSDP2-sharded module and (for trained roles) optimizer."""
+
+    def __init__(self, *, config: FSDPConfig, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> None:
+        self.config, self.role, self.world, self.spec = config, role, world, model
+        torch.set_num_threads(max(1, world.threads))
+        _ensure_process_group(world)
+        torch.manual_seed(seed)
+        self.device = torch.device(world.device)
+        module = _load_module(model, role)
+        self.max_positions = getattr(module.config, "max_position_embeddings", None)
+        if config.activation_checkpointing and role is not Role.REFERENCE:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (world.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=_DTYPES[config.param_dtype], reduce_dtype=_DTYPES[config.reduce_dtype])
+        kwargs: dict[str, Any] = dict(mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+        if config.cpu_offload and self.device.type == "cuda":
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        for layer in _decoder_layers(module):
+            fully_shard(layer, **kwargs)
+        fully_shard(module, **kwargs)
+        self.module = module
+        self.trainable = role in (Role.ACTOR, Role.CRITIC)
+        self.module.train(False)
+        self.optimizer = None
+        self.scheduler = None
+        self.optimizer_steps = 0
+        if self.trainable:
+            lr = config.lr if role is Role.ACTOR else config.critic_lr
+            self.optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=tuple(config.betas), eps=config.eps,
+                                               weight_decay=config.weight_decay)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        else:
+            for p in module.parameters():
+                p.requires_grad_(False)
+        self._total_steps = 0
+
+    # ------------------------------------------------------------------ helpers
+    def set_total_optimizer_steps(self, total: int) -> None:
+        """Tell the cosine schedule how many optimizer steps the run will take."""
+        self._total_steps = total
+
+    def _lr_factor(self, step: int) -> float:
+        warmup = self.config.warmup_steps
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if self.config.lr_schedule == "constant" or not self._total_steps:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, self._total_steps - warmup))
+        floor = self.config.min_lr_ratio
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _check_length(self, batch: Batch) -> None:
+        total = batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+        if self.max_positions and total > self.max_positions:
+            raise ValueError(f"sequence length {total} (prompt {batch.prompt_ids.shape[1]} + response "
+                             f"{batch.response_ids.shape[1]}) exceeds the model's max_position_embeddings="
+                             f"{self.max_positions}; lower data.max_prompt_length or rollout.max_new_tokens")
+
+    def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of the response tokens, ``[B, R]``."""
+        input_ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        R = batch.response_length
+        out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
+                          logits_to_keep=R + 1)
+        logits = out.logits[:, :-1]  # position t predicts token t+1: these score the R response tokens
+        targets = batch.response_ids.to(self.device)
+        chunk = max(1, self.config.logits_chunk_size)
+        lps, ents = [], []
+        # Chunk over response positions so the float32 log-softmax never covers the whole response.
+        for s in range(0, R, chunk):
+            part = logits[:, s:s + chunk].float()
+            logp = torch.log_softmax(part, dim=-1)
+            lps.append(logp.gather(-1, targets[:, s:s + chunk].unsqueeze(-1)).squeeze(-1))
+            if with_entropy:
+                ents.append(-(logp.exp() * logp).sum(-1))
+        return torch.cat(lps, 1), (torch.cat(ents, 1) if with_entropy else None)
+
+    def _values_forward(self, batch: Batch) -> torch.Tensor:
+        input_ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
+        P, R = batch.prompt_ids.shape[1], batch.response_length
+        # The value of response token t is read at the position before it (the state it was chosen in).
+        return out.logits[:, P - 1:P + R - 1, 0].float()
+
+    # ------------------------------------------------------------------ contract
+    @torch.no_grad()
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> LogProbs:
+        self._check_length(batch)
+        self.module.train(False)
+        lps, ents = [], []
+        for micro in batch.split(self.config.log_prob_micro_batch_size):
+            lp, ent = self._forward(micro, with_entropy=with_entropy)
+            lps.append(lp.cpu())
+            if ent is not None:
+                ents.append(ent.cpu())
+        return LogProbs(torch.cat(lps), torch.cat(ents) if with_entropy else None)
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        if self.role is not Role.CRITIC:
+            return super().compute_values(batch)
+        self.module.train(False)
+        return torch.cat([self._values_forward(m).cpu() for m in batch.split(self.config.log_prob_micro_batch_size)])
+
+    def update_policy(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
+        if self.role is not Role.ACTOR:
+            return super().update_policy(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
+
+        def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            lp, ent = self._forward(micro, with_entropy=True)
+            return loss_fn(batch=micro, log_probs=lp, entropy=ent)
+
+        return self._optimize(batch, micro_loss, mini_batch_size, epochs, prefix="actor")
+
+    def update_values(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
+        if self.role is not Role.CRITIC:
+            return super().update_values(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
+        return self._optimize(batch, lambda m: loss_fn(batch=m, values=self._values_forward(m)), mini_batch_size,
+                              epochs, prefix="critic")
+
+    def _optimize(self, batch: Batch, micro_loss: Any, mini_batch_size: int, epochs: int, *,
+                  prefix: str) -> dict[str, float]:
+        self._check_length(batch)
+        self.module.train(True)
+        mini = mini_batch_size or len(batch)
+        sums: dict[str, float] = {}
+        norms: list[float] = []
+        count = 0
+        for _ in range(epochs):
+            for mb in batch.split(mini):
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in mb.split(self.config.micro_batch_size):
+                    loss, metrics = micro_loss(micro)
+                    if not torch.isfinite(loss):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        raise TrainingDivergedError(
+                            f"{prefix} loss is {float(loss)} at optimizer step {self.optimizer_steps + 1}; the update "
+                            f"was not applied (lower backend.lr, or check the rewards for NaN)")
+                    (loss * (len(micro) / len(mb))).backward()
+                    for k, v in metrics.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    count += 1
+                norm = self._clip_grad()
+                if not math.isfinite(norm):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise TrainingDivergedError(f"{prefix} gradient norm is {norm} at optimizer step "
+                                                f"{self.optimizer_steps + 1}; the update was not applied")
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer_steps += 1
+                norms.append(norm)
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out[f"{prefix}/grad_norm"] = sum(norms) / len(norms)
+        out[f"{prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        self.module.train(False)
+        return out
+
+    def _clip_grad(self) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    @contextlib.contextmanager
+    def gather_for_generation(self) -> Iterator[torch.nn.Module]:
+        """Gather full parameters once for a whole generation call, then shard them again."""
+        fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in fsdp_modules:
+            m.set_reshard_after_forward(False, recurse=False)
+        self.module.unshard()
+        for m in fsdp_modules:
+            m.unshard()
+        try:
+            yield self.module
+        finally:
+            for m in fsdp_modules:
+                m.reshard()
+                m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
+
+    def hf_module(self) -> torch.nn.Module:
+        return self.module
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # One parameter gathered at a time: never a second full copy of the model.
+        for name, tensor in self.module.state_dict().items():
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            yield name, full.detach()
+
+    def peak_memory_gb(self) -> float:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return peak
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
+
+    # ------------------------------------------------------------------ state
+    def save_state(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+        else:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            state = {"model": get_model_state_dict(self.module)}
+        dcp.save(state, checkpoint_id=str(Path(path) / "dcp"))
+        extra = {
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "optimizer_steps": self.optimizer_steps,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "world_size": self.world.world_size,
+            "shapes": {k: list(v.shape) for k, v in self.module.state_dict().items()},
+        }
+        torch.save(extra, Path(path) / f"extra_rank{self.world.rank}.pt")
+
+    def load_state(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        extra_path = Path(path) / f"extra_rank{self.world.rank}.pt"
+        if not extra_path.is_file():
+            extra_path = Path(path) / "extra_rank0.pt"
+        extra = torch.load(extra_path, weights_only=False)
+        shapes = {k: list(v.shape) for k, v in self.module.state_dict().items()}
+        if extra["shapes"] != shapes:
+            diff = sorted(k for k in set(shapes) | set(extra["shapes"]) if shapes.get(k) != extra["shapes"].get(k))
+            raise ValueError(f"checkpoint {path} was saved from a different model: parameters {diff[:5]} differ "
+                             f"in name or shape")
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+        else:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            state = {"model": get_model_state_dict(self.module)}
+        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
+        if self.optimizer is not None:
+            set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(self.module, state["model"])
+        if self.scheduler is not None and extra["scheduler"] is not None:
+            self.scheduler.load_state_dict(extra["scheduler"])
+        self.optimizer_steps = extra["optimizer_steps"]
+        if extra["world_size"] == self.world.world_size:
+            # RNG streams are per rank: only meaningful at the same world size.
+            torch.set_rng_state(extra["rng"]["torch"])
+            random.setstate(extra["rng"]["python"])
+
+    def export_hf(self, path: str) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.world.rank != 0:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config = self.module.config
+        with torch.device("meta"):
+            fresh = AutoModelForCausalLM.from_config(config)
+        fresh.load_state_dict(full, assign=True)
+        fresh.save_pretrained(path, safe_serialization=True)
+        tok_path = self.spec.tokenizer_path or self.spec.path
+        if tok_path and Path(tok_path).exists():
+            AutoTokenizer.from_pretrained(tok_path).save_pretrained(path)
+
+    def close(self) -> None:
+        self.optimizer = None
+
+
+def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks (what HF marks as ``_no_split_modules``)."""
+    names = set(getattr(module, "_no_split_modules", None) or [])
+    layers = [m for m in module.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    for attr in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        obj: Any = module
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            return list(obj)
+        except AttributeError:
+            continue
+    return []

@@ -1,0 +1,1 @@
+"""Built-in algorithms (GRPO, PPO) and the reusable pieces in :mod:`.functional`."""

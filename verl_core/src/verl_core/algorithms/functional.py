@@ -1,0 +1,216 @@
+"""Reusable pieces of policy-gradient algorithms, as small pure functions.
+
+Advantage estimators, KL estimators, loss aggregation modes and the PPO-clip loss live here so
+that an algorithm plugin combines them instead of copying them. Every function takes masks
+explicitly: tokens with mask 0 (padding, tool outputs) never contribute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl_core.batch import Batch
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "agg_loss",
+    "kl_penalty",
+    "scores_to_token_rewards",
+    "group_normalized_advantages",
+    "gae_advantages",
+    "ppo_clip_loss",
+    "ppo_policy_loss",
+    "clipped_value_loss",
+]
+
+KL_ESTIMATORS = frozenset({"k1", "k2", "k3", "low_var_kl"})
+LOSS_AGG_MODES = frozenset({"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"})
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean over entries where ``mask`` is 1 (0 when the mask is empty, never NaN)."""
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise ``x`` to zero mean and unit variance over the masked entries."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return out if shift_mean else out + mean
+
+
+def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_length: int | None = None) -> torch.Tensor:
+    """Reduce a ``[B, R]`` per-token loss to a scalar.
+
+    Modes:
+        ``token-mean``: mean over all valid tokens of the batch (DAPO, verl's default).
+        ``seq-mean-token-sum``: sum within each sequence, mean over sequences.
+        ``seq-mean-token-mean``: mean within each sequence, mean over sequences (original GRPO).
+        ``seq-mean-token-sum-norm``: sum within each sequence divided by a constant length
+            (``norm_length``, default the response width), mean over sequences (Dr. GRPO).
+    """
+    mask = mask.to(loss.dtype)
+    if mode == "token-mean":
+        return masked_mean(loss, mask)
+    seq_valid = (mask.sum(-1) > 0).to(loss.dtype)
+    n_seq = seq_valid.sum().clamp(min=1.0)
+    if mode == "seq-mean-token-sum":
+        per_seq = masked_sum(loss, mask, -1)
+    elif mode == "seq-mean-token-mean":
+        per_seq = masked_sum(loss, mask, -1) / mask.sum(-1).clamp(min=1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = masked_sum(loss, mask, -1) / float(norm_length or loss.shape[-1])
+    else:
+        raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; use one of {sorted(LOSS_AGG_MODES)}")
+    return (per_seq * seq_valid).sum() / n_seq
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate from sampled-token log-probs.
+
+    ``k1`` is ``log p - log q``; ``k2`` is ``0.5 (log p - log q)^2``; ``k3``/``low_var_kl`` is
+    ``exp(log q - log p) - (log q - log p) - 1`` (Schulman, "Approximating KL divergence", 2020),
+    non-negative and unbiased; ``low_var_kl`` additionally clamps to [-10, 10] as verl does.
+    """
+    diff = log_probs - ref_log_probs
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    if estimator in ("k3", "low_var_kl"):
+        neg = -diff
+        kl = torch.exp(neg) - neg - 1
+        return kl.clamp(-10, 10) if estimator == "low_var_kl" else kl
+    raise ValueError(f"kl_estimator: unknown {estimator!r}; use one of {sorted(KL_ESTIMATORS)}")
+
+
+def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's score on its last valid response token."""
+    token_rewards = torch.zeros_like(response_mask, dtype=torch.float32)
+    lengths = response_mask.long().sum(-1)
+    rows = torch.nonzero(lengths > 0).flatten()
+    if rows.numel():
+        # Last index where the mask is 1 (tool tokens can sit in between).
+        positions = torch.arange(response_mask.shape[1]).expand_as(response_mask)
+        last = torch.where(response_mask > 0, positions, torch.full_like(positions, -1)).max(-1).values
+        token_rewards[rows, last[rows]] = scores[rows].float()
+    return token_rewards
+
+
+def group_normalized_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+                                norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO outcome advantage: ``(r - mean_group) / (std_group + eps)`` broadcast over tokens.
+
+    Shao et al., "DeepSeekMath" (arXiv:2402.03300). A group of one sample gets advantage 0.
+    ``norm_by_std=False`` gives the Dr. GRPO variant (arXiv:2503.20783).
+    """
+    scores = scores.float()
+    adv = torch.zeros_like(scores)
+    for gid in torch.unique(group_ids):
+        members = group_ids == gid
+        group = scores[members]
+        if group.numel() < 2:
+            continue
+        centred = group - group.mean()
+        adv[members] = centred / (group.std(unbiased=True) + eps) if norm_by_std else centred
+    return adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+
+
+def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *,
+                   gamma: float, lam: float, whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over response tokens (Schulman et al., arXiv:1506.02438).
+
+    Masked positions are skipped: the recursion carries over them so tool tokens between policy
+    turns neither add reward nor break the chain. Returns ``(advantages, returns)``.
+    """
+    mask = response_mask.to(values.dtype)
+    next_value = torch.zeros(values.shape[0], dtype=values.dtype)
+    last_gae = torch.zeros_like(next_value)
+    adv_rev = []
+    for t in reversed(range(token_rewards.shape[1])):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        gae = delta + gamma * lam * last_gae
+        # Where the token is masked, keep the running quantities unchanged.
+        next_value = m * values[:, t] + (1 - m) * next_value
+        last_gae = m * gae + (1 - m) * last_gae
+        adv_rev.append(last_gae * m)
+    advantages = torch.stack(adv_rev[::-1], dim=1)
+    returns = advantages + values
+    if whiten:
+        advantages = masked_whiten(advantages, mask) * mask
+    return advantages, returns * mask
+
+
+def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                  response_mask: torch.Tensor, *, clip_low: float, clip_high: float, clip_c: float = 0.0,
+                  agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate (Schulman et al., arXiv:1707.06347), asymmetric clip (DAPO) and
+    optional dual clip for negative advantages (Ye et al., arXiv:1912.09729)."""
+    log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss1, loss2)
+    clipped = (loss2 > loss1).float()
+    if clip_c > 0:
+        dual = torch.minimum(-advantages * clip_c, loss)
+        loss = torch.where(advantages < 0, dual, loss)
+    mask = response_mask.to(loss.dtype)
+    stats = {
+        "clip_frac": masked_mean(clipped, mask).detach(),
+        "approx_kl": masked_mean(-log_ratio, mask).detach(),
+        "ratio_mean": masked_mean(ratio, mask).detach(),
+    }
+    return agg_loss(loss, mask, agg_mode), stats
+
+
+def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
+                    entropy: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The full actor loss: PPO-clip, plus KL-to-reference loss and entropy bonus when enabled."""
+    mask = batch.response_mask
+    loss, stats = ppo_clip_loss(log_probs, batch.old_log_probs, batch.advantages, mask,
+                                clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
+                                clip_c=config.clip_ratio_c, agg_mode=config.loss_agg_mode)
+    metrics = {"ppo/pg_loss": float(loss.detach())}
+    if config.kl_coef > 0 and not config.kl_in_reward:
+        if batch.ref_log_probs is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs, but the batch has none")
+        kl = agg_loss(kl_penalty(log_probs, batch.ref_log_probs, config.kl_estimator), mask, config.loss_agg_mode)
+        loss = loss + config.kl_coef * kl
+        metrics["ppo/kl_loss"] = float(kl.detach())
+    if config.entropy_coef != 0 and entropy is not None:
+        ent = agg_loss(entropy, mask, config.loss_agg_mode)
+        loss = loss - config.entropy_coef * ent
+    if entropy is not None:
+        metrics["ppo/entropy"] = float(masked_mean(entropy.detach(), mask))
+    metrics.update({f"ppo/{k}": float(v) for k, v in stats.items()})
+    metrics["ppo/actor_loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       response_mask: torch.Tensor, *, clip: float, agg_mode: str = "token-mean",
+                       ) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO value loss: ``0.5 * max((v - R)^2, (clip(v) - R)^2)``."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    loss = 0.5 * torch.maximum((values - returns).square(), (clipped - returns).square())
+    mask = response_mask.to(loss.dtype)
+    out = agg_loss(loss, mask, agg_mode)
+    frac = masked_mean(((values - returns).square() < (clipped - returns).square()).float(), mask)
+    return out, {"critic/value_loss": float(out.detach()), "critic/clip_frac": float(frac),
+                 "critic/values_mean": float(masked_mean(values.detach(), mask))}

@@ -1,0 +1,169 @@
+"""The typed batch that flows between the nodes of an RL step.
+
+One :class:`Batch` holds every sample of a step: the prompt and response tokens, the masks, and
+the fields each dataflow node adds (rewards, log-probs, values, advantages, ...). Tensors are
+indexed by sample on their first dimension, so a batch can be split into micro-batches, shards
+for data-parallel ranks, or filtered, without knowing which fields are present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+__all__ = ["Batch", "TENSOR_FIELDS"]
+
+# Fields that hold per-sample tensors (first dimension = sample). Everything else is metadata.
+TENSOR_FIELDS = (
+    "prompt_ids",
+    "prompt_mask",
+    "response_ids",
+    "response_attention_mask",
+    "response_mask",
+    "group_ids",
+    "scores",
+    "token_rewards",
+    "old_log_probs",
+    "rollout_log_probs",
+    "ref_log_probs",
+    "values",
+    "advantages",
+    "returns",
+)
+
+
+@dataclass
+class Batch:
+    """All samples of one RL step.
+
+    Prompts are left-padded and responses right-padded, so ``cat([prompt_ids, response_ids])``
+    is a contiguous sequence per row whose response starts at the same column for every row.
+
+    Attributes:
+        prompt_ids: ``[B, P]`` prompt token ids, left-padded.
+        prompt_mask: ``[B, P]`` 1 for real prompt tokens.
+        response_ids: ``[B, R]`` response token ids, right-padded.
+        response_attention_mask: ``[B, R]`` 1 for every real response token (tool outputs too).
+        response_mask: ``[B, R]`` 1 for response tokens that take part in losses. Padding and
+            tokens the policy did not produce (tool outputs) are 0.
+        group_ids: ``[B]`` samples drawn from the same prompt share a group id.
+        scores: ``[B]`` sequence-level reward from the reward functions.
+        token_rewards: ``[B, R]`` reward per token (score at the last token, KL penalty, ...).
+        old_log_probs: ``[B, R]`` log-probs of the policy that produced the batch (training engine).
+        rollout_log_probs: ``[B, R]`` log-probs reported by the rollout engine, if any.
+        ref_log_probs: ``[B, R]`` log-probs under the reference policy.
+        values: ``[B, R]`` critic values.
+        advantages: ``[B, R]`` advantage per token.
+        returns: ``[B, R]`` value targets per token.
+        finish_reasons: why each response ended (``"stop"`` or ``"length"``).
+        meta: per-sample metadata lists (``ground_truth``, ``data_source``, ``extra_info``, ...).
+        info: batch-level values the nodes hand to each other (not split).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    group_ids: torch.Tensor
+    scores: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    meta: dict[str, list[Any]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    # ----------------------------------------------------------------- views
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """``[B, P+R]`` prompt and response ids side by side."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """``[B, P+R]`` 1 for every real token (prompt or response, tool tokens included)."""
+        return torch.cat([self.prompt_mask, self.response_attention_mask.to(self.prompt_mask.dtype)], dim=1)
+
+    @property
+    def response_length(self) -> int:
+        return int(self.response_ids.shape[1])
+
+    # ------------------------------------------------------------ transforms
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The per-sample tensor fields that are set."""
+        return {n: getattr(self, n) for n in TENSOR_FIELDS if getattr(self, n) is not None}
+
+    def replace(self, **changes: Any) -> "Batch":
+        """A copy with some fields replaced (tensors are shared, not copied)."""
+        return dataclasses.replace(self, **changes)
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
+        """The samples at ``index``, in that order."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        changes: dict[str, Any] = {n: t.index_select(0, idx) for n, t in self.tensors().items()}
+        ids = idx.tolist()
+        changes["finish_reasons"] = [self.finish_reasons[i] for i in ids] if self.finish_reasons else []
+        changes["meta"] = {k: [v[i] for i in ids] for k, v in self.meta.items()}
+        changes["info"] = dict(self.info)
+        return dataclasses.replace(self, **changes)
+
+    def split(self, size: int) -> Iterator["Batch"]:
+        """Consecutive chunks of at most ``size`` samples."""
+        if size <= 0:
+            raise ValueError(f"split size must be positive, got {size}")
+        for start in range(0, len(self), size):
+            yield self.select(range(start, min(start + size, len(self))))
+
+    def chunk(self, parts: int) -> list["Batch"]:
+        """``parts`` near-equal consecutive chunks (used to shard across data-parallel ranks)."""
+        n = len(self)
+        bounds = [n * i // parts for i in range(parts + 1)]
+        return [self.select(range(bounds[i], bounds[i + 1])) for i in range(parts)]
+
+    @classmethod
+    def concat(cls, batches: Sequence["Batch"]) -> "Batch":
+        """Join batches sample-wise; response/prompt widths are padded to the widest."""
+        if not batches:
+            raise ValueError("cannot concatenate zero batches")
+        if len(batches) == 1:
+            return batches[0]
+        pad_id = batches[0].info.get("pad_token_id", 0)
+        p_width = max(b.prompt_ids.shape[1] for b in batches)
+        r_width = max(b.response_ids.shape[1] for b in batches)
+        out: dict[str, Any] = {}
+        for name in TENSOR_FIELDS:
+            values = [getattr(b, name) for b in batches]
+            if all(v is None for v in values):
+                continue
+            if any(v is None for v in values):
+                raise ValueError(f"cannot concatenate batches where only some have {name!r}")
+            if values[0].dim() == 2:
+                width = p_width if name.startswith("prompt") else r_width
+                left = name.startswith("prompt")
+                fill = pad_id if name in ("prompt_ids", "response_ids") else 0
+                values = [_pad_to(v, width, fill, left=left) for v in values]
+            out[name] = torch.cat(values, dim=0)
+        out["finish_reasons"] = [r for b in batches for r in b.finish_reasons]
+        keys = batches[0].meta.keys()
+        out["meta"] = {k: [x for b in batches for x in b.meta.get(k, [None] * len(b))] for k in keys}
+        out["info"] = dict(batches[0].info)
+        return cls(**out)
+
+
+def _pad_to(t: torch.Tensor, width: int, fill: float, *, left: bool) -> torch.Tensor:
+    missing = width - t.shape[1]
+    if missing == 0:
+        return t
+    pad = torch.full((t.shape[0], missing), fill, dtype=t.dtype)
+    return torch.cat([pad, t], dim=1) if left else torch.cat([t, pad], dim=1)

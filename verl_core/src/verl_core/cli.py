@@ -1,0 +1,170 @@
+"""The ``verl`` command line: a thin layer over :class:`~verl_core.trainer.Trainer` and the registry."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import typer
+
+app = typer.Typer(help="verl: reinforcement-learning post-training for language models.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+app.add_typer(plugins_app, name="plugins")
+app.add_typer(config_app, name="config")
+
+USER_ERROR_EXIT = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from verl_core.checkpoint import CheckpointError
+    from verl_core.config import ConfigError
+    from verl_core.data import DataError
+    from verl_core.registry import PluginError
+
+    return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError)
+
+
+def _guard(fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; user mistakes become a short message and exit code 2, no traceback."""
+    try:
+        return fn()
+    except _user_errors() as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(USER_ERROR_EXIT) from None
+
+
+def _collect(config: Optional[Path], flags: dict[str, Any], overrides: List[str]) -> tuple[Any, Any]:
+    from verl_core.config import apply_overrides, load_raw_config, resolve_config, set_key
+    from verl_core.registry import PluginRegistry
+
+    registry = PluginRegistry()
+    raw = load_raw_config(config)
+    for key, value in flags.items():
+        if value is not None:
+            set_key(raw, key, value)
+    raw = apply_overrides(raw, overrides or [])
+    return resolve_config(raw, registry), registry
+
+
+_RUN_HELP = "Dotted overrides, e.g. algorithm.kl_coef=0.001 rollout.n=4"
+
+
+@app.command()
+def run(
+    overrides: List[str] = typer.Argument(None, help=_RUN_HELP, show_default=False),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file."),
+    backend: Optional[str] = typer.Option(None, help="Training backend plugin (default fsdp)."),
+    rollout: Optional[str] = typer.Option(None, help="Rollout engine plugin (default hf)."),
+    algo: Optional[str] = typer.Option(None, help="Algorithm plugin (default grpo)."),
+    model: Optional[str] = typer.Option(None, help="Hugging Face model directory."),
+    data: Optional[str] = typer.Option(None, help="Training data: parquet/jsonl file or builtin:addition."),
+    output_dir: Optional[str] = typer.Option(None, help="Run directory."),
+    max_steps: Optional[int] = typer.Option(None, help="RL steps in total."),
+    save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps."),
+    resume: Optional[str] = typer.Option(None, help="auto | never | PATH."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+) -> None:
+    """Train. With no arguments: GRPO on the built-in addition task with a tiny model."""
+    flags = {"backend.name": backend, "rollout.name": rollout, "algorithm.name": algo, "model.path": model,
+             "data.train": data, "run.output_dir": output_dir, "run.max_steps": max_steps,
+             "run.save_every": save_every, "run.resume": resume, "run.seed": seed}
+
+    def go() -> None:
+        from verl_core.trainer import Trainer
+
+        cfg, registry = _collect(config, flags, overrides)
+        trainer = Trainer(cfg, registry=registry)
+        try:
+            metrics = trainer.train()
+        except KeyboardInterrupt:
+            typer.secho("interrupted; the last complete checkpoint is kept", err=True)
+            raise typer.Exit(130) from None
+        except FloatingPointError as exc:
+            typer.secho(f"error: training diverged: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
+        if "val/reward_mean" in metrics:
+            typer.echo(f"final val/reward_mean {metrics['val/reward_mean']:.4f}")
+
+    _guard(go)
+
+
+@config_app.command("show")
+def config_show(
+    overrides: List[str] = typer.Argument(None, help=_RUN_HELP, show_default=False),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file."),
+    backend: Optional[str] = typer.Option(None), rollout: Optional[str] = typer.Option(None),
+    algo: Optional[str] = typer.Option(None), model: Optional[str] = typer.Option(None),
+    data: Optional[str] = typer.Option(None), output_dir: Optional[str] = typer.Option(None),
+    max_steps: Optional[int] = typer.Option(None), save_every: Optional[int] = typer.Option(None),
+    resume: Optional[str] = typer.Option(None), seed: Optional[int] = typer.Option(None),
+) -> None:
+    """Print the resolved config (same arguments as `verl run`) as TOML."""
+    flags = {"backend.name": backend, "rollout.name": rollout, "algorithm.name": algo, "model.path": model,
+             "data.train": data, "run.output_dir": output_dir, "run.max_steps": max_steps,
+             "run.save_every": save_every, "run.resume": resume, "run.seed": seed}
+
+    def go() -> None:
+        from verl_core.config import config_to_dict, dump_toml
+
+        cfg, _ = _collect(config, flags, overrides)
+        typer.echo(dump_toml(config_to_dict(cfg)), nl=False)
+
+    _guard(go)
+
+
+@plugins_app.command("list")
+def plugins_list(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    kind: Optional[str] = typer.Option(None, help="Only this kind (backend, rollout, algorithm, ...)."),
+) -> None:
+    """Every installed plugin with its kind, distribution, version and status (imports nothing)."""
+    import dataclasses
+
+    from verl_core.registry import PluginRegistry
+
+    infos = _guard(lambda: PluginRegistry().list(kind))
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(i) for i in infos], indent=1))
+        return
+    rows = [("KIND", "NAME", "DISTRIBUTION", "VERSION", "STATUS")]
+    rows += [(i.kind, i.name, i.distribution, i.version, i.status) for i in infos]
+    widths = [max(len(r[c]) for r in rows) for c in range(5)]
+    for r in rows:
+        typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    for i in infos:
+        if i.message:
+            typer.echo(f"  {i.kind}/{i.name}: {i.message}")
+
+
+@app.command("export")
+def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directory (its latest checkpoint)."),
+           hf_dir: Path = typer.Argument(..., help="Output Hugging Face model directory.")) -> None:
+    """Write a checkpoint's policy as a Hugging Face model (safetensors + tokenizer)."""
+    def go() -> None:
+        from verl_core.export import export_checkpoint
+
+        ckpt = export_checkpoint(path, hf_dir)
+        typer.echo(f"exported {ckpt} -> {hf_dir}")
+
+    _guard(go)
+
+
+@app.command()
+def version() -> None:
+    """Print the verl-core version and plugin API version."""
+    from verl_core import __version__
+    from verl_core.registry import PLUGIN_API_VERSION
+
+    typer.echo(f"verl-core {__version__} (plugin API v{PLUGIN_API_VERSION})")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

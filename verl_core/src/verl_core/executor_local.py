@@ -1,0 +1,44 @@
+"""The in-process executor: every worker group is one worker in the controller's process."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from verl_core.interfaces import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo
+
+__all__ = ["LocalExecutor", "LocalWorkerGroup"]
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """A group of one worker; calls go straight to it."""
+
+    def __init__(self, role: Role, worker: Any) -> None:
+        self.role = role
+        self.world_size = 1
+        self.worker = worker
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        # Direct attribute access keeps context managers and generators working unchanged.
+        return getattr(self.worker, method)
+
+
+class LocalExecutor(Executor):
+    """Runs single-process jobs; the default. Multi-process runs need another executor."""
+
+    def __init__(self, config: ExecutorConfig) -> None:
+        super().__init__(config)
+        if config.world_size != 1:
+            raise ValueError(f"world_size: the local executor runs one process, got world_size="
+                             f"{config.world_size}; use a multi-process executor (e.g. executor.name='ray')")
+
+    def create_group(self, *, role: Role, factory: Callable[[WorldInfo], Any]) -> WorkerGroup:
+        import torch
+
+        # One process: the worker gets the threads the controller chose unless told otherwise.
+        threads = self.config.threads_per_worker or torch.get_num_threads()
+        return LocalWorkerGroup(role, factory(WorldInfo(rank=0, world_size=1, threads=threads)))

@@ -1,0 +1,40 @@
+"""Exporting a checkpoint's policy as a Hugging Face model directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from verl_core.checkpoint import CheckpointError, CheckpointManager
+from verl_core.config import apply_overrides, load_raw_config, resolve_config
+from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.registry import PluginRegistry
+
+__all__ = ["export_checkpoint"]
+
+
+def export_checkpoint(path: str | os.PathLike, out_dir: str | os.PathLike, *,
+                      registry: PluginRegistry | None = None) -> Path:
+    """Write the actor weights of a checkpoint (or a run directory's latest) with ``save_pretrained``.
+
+    Returns the checkpoint directory that was exported.
+    """
+    from verl_core.trainer import resolve_model_path
+
+    registry = registry or PluginRegistry()
+    ckpt = CheckpointManager.resolve(path)
+    CheckpointManager.verify(ckpt)
+    config_file = ckpt / "config.toml"
+    if not config_file.is_file():
+        raise CheckpointError(f"{ckpt} has no config.toml; it was not written by verl")
+    cfg = resolve_config(apply_overrides(load_raw_config(config_file), ["run.resume=\"never\""]), registry)
+    model_path = resolve_model_path(cfg.model.path)
+    spec = ModelSpec(path=model_path, tokenizer_path=cfg.model.tokenizer or model_path, dtype=cfg.model.dtype,
+                     trust_remote_code=cfg.model.trust_remote_code)
+    backend = registry.load("backend", cfg.backend.name)(cfg.backend.config)
+    worker = backend.create_worker(role=Role.ACTOR, model=spec, world=WorldInfo(), seed=cfg.run.seed)
+    worker.load_state(str(ckpt / "actor"))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    worker.export_hf(str(out_dir))
+    worker.close()
+    return ckpt

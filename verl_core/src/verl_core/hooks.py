@@ -1,0 +1,94 @@
+"""Lifecycle hooks: what plugins can observe while a run goes.
+
+Hooks carry events (run and step start/end, metrics, validation, checkpoints); they never
+change the dataflow. Implementations come from the ``verl.loggers`` entry points chosen in
+``run.loggers`` and from every installed ``verl.hooks`` plugin (minus ``run.disable_hooks``).
+A hook plugin that fails to load is reported and skipped; the run goes on without it.
+
+Writing one::
+
+    from verl_core.hooks import hookimpl
+
+    class SlackNotifier:
+        @hookimpl
+        def verl_run_end(self, step, status, error):
+            ...
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import pluggy
+
+from verl_core.registry import PluginError, PluginRegistry
+
+__all__ = ["PROJECT", "hookspec", "hookimpl", "HookSpecs", "build_plugin_manager"]
+
+PROJECT = "verl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+log = logging.getLogger(__name__)
+
+
+class HookSpecs:
+    """Every hook a plugin can implement. Arguments are passed by keyword."""
+
+    @hookspec
+    def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int) -> None:
+        """The run is set up and about to validate/train; ``start_step`` > 0 after a resume."""
+
+    @hookspec
+    def verl_step_start(self, step: int) -> None:
+        """An RL step begins (``step`` counts from 1)."""
+
+    @hookspec
+    def verl_step_end(self, step: int, metrics: dict[str, float]) -> None:
+        """An RL step finished; ``metrics`` holds everything measured in it."""
+
+    @hookspec
+    def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Metrics are emitted (after each step and after each validation)."""
+
+    @hookspec
+    def verl_validation_end(self, step: int, metrics: dict[str, float]) -> None:
+        """A validation pass finished at ``step`` (0 = before training)."""
+
+    @hookspec
+    def verl_checkpoint_saved(self, step: int, path: Path) -> None:
+        """A complete checkpoint was written and made the latest."""
+
+    @hookspec
+    def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
+        """The run stopped: ``status`` is ``"completed"``, ``"failed"`` or ``"interrupted"``."""
+
+
+def build_plugin_manager(registry: PluginRegistry, *, loggers: Sequence[str],
+                         disable_hooks: Sequence[str] = ()) -> pluggy.PluginManager:
+    """A plugin manager with the chosen loggers and the installed hook plugins registered.
+
+    Loggers were selected by the user, so one that cannot load is an error; hook plugins were
+    merely installed, so a broken one only produces a warning.
+    """
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(HookSpecs)
+    for name in loggers:
+        pm.register(_instantiate(registry.load("logger", name)), name=f"logger:{name}")
+    for name in registry.names("hook"):
+        if name in disable_hooks:
+            continue
+        try:
+            plugin = _instantiate(registry.load("hook", name))
+        except PluginError as exc:
+            warnings.warn(f"hook plugin {name!r} skipped: {exc}", stacklevel=2)
+            continue
+        pm.register(plugin, name=f"hook:{name}")
+    return pm
+
+
+def _instantiate(obj: Any) -> Any:
+    # An entry point may name a class (instantiated here) or a module/object with hookimpls.
+    return obj() if isinstance(obj, type) else obj

@@ -1,0 +1,543 @@
+"""The contracts every plugin implements.
+
+Each extension kind has one uniform interface with keyword-only arguments over the typed
+:class:`~verl_core.batch.Batch`: training backends (worker roles), rollout engines, algorithms,
+rewards, environments and executors. The controller talks to plugins only through these, so it
+never needs to know which plugin it drives. The conformance suites in :mod:`verl_core.testing`
+check an implementation against them.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from verl_core.batch import Batch
+
+__all__ = [
+    "Role",
+    "ModelSpec",
+    "WorldInfo",
+    "LogProbs",
+    "LossFn",
+    "TrainingWorker",
+    "TrainingBackend",
+    "BackendConfig",
+    "SamplingParams",
+    "RolloutOutput",
+    "RolloutEngine",
+    "RolloutConfig",
+    "Requirements",
+    "Algorithm",
+    "AlgorithmConfig",
+    "RewardFunction",
+    "RewardInput",
+    "Environment",
+    "StepResult",
+    "Executor",
+    "ExecutorConfig",
+    "WorkerGroup",
+    "dispatch",
+]
+
+
+class Role(str, enum.Enum):
+    """The jobs a training worker can do."""
+
+    ACTOR = "actor"
+    CRITIC = "critic"
+    REFERENCE = "reference"
+    REWARD_MODEL = "reward_model"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a worker gets its model.
+
+    Attributes:
+        path: a local Hugging Face model directory (or hub id where a network exists).
+        tokenizer_path: tokenizer directory; defaults to ``path``.
+        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``).
+        trust_remote_code: passed to ``from_pretrained``.
+        module: an already loaded ``torch.nn.Module`` to use instead of loading ``path``.
+    """
+
+    path: str
+    tokenizer_path: str | None = None
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    module: Any = None
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """Where a worker sits in its worker group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+    threads: int = 1
+
+
+@dataclass
+class LogProbs:
+    """Per-token log-probs (and optionally entropy) of the response tokens, ``[B, R]``."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+class LossFn(Protocol):
+    """A loss over one micro-batch: returns a scalar tensor and float metrics."""
+
+    def __call__(
+        self, *, batch: Batch, log_probs: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+# ----------------------------------------------------------------------------- dispatch
+_DISPATCH_ATTR = "__verl_dispatch__"
+
+
+def dispatch(mode: str) -> Callable[[Callable], Callable]:
+    """Declare how a worker-group call spreads over ranks.
+
+    ``"split"``: the ``batch`` argument is cut into one shard per data-parallel rank and the
+    results are gathered in order. ``"broadcast"``: every rank gets the same arguments and rank 0's
+    result is returned. ``"all"``: every rank gets the same arguments and all results come back.
+    Executors read this; the in-process executor calls the one worker directly.
+    """
+    if mode not in ("split", "broadcast", "all"):
+        raise ValueError(f"unknown dispatch mode {mode!r}; use 'split', 'broadcast' or 'all'")
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, _DISPATCH_ATTR, mode)
+        return fn
+
+    return mark
+
+
+def dispatch_mode(fn: Callable) -> str:
+    """The dispatch mode declared on a worker method (``"broadcast"`` if none)."""
+    return getattr(fn, _DISPATCH_ATTR, "broadcast")
+
+
+# ----------------------------------------------------------------------------- backends
+@dataclass
+class BackendConfig:
+    """Settings every training backend understands. Backends subclass it to add their own.
+
+    Attributes:
+        lr: actor learning rate.
+        critic_lr: critic learning rate.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        warmup_steps: linear warm-up length in optimizer steps.
+        lr_schedule: ``"constant"`` or ``"cosine"`` after warm-up.
+        min_lr_ratio: floor of the cosine schedule as a fraction of ``lr``.
+        grad_clip: clip the global gradient norm to this (0 disables).
+        micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
+        log_prob_micro_batch_size: samples per forward when only computing log-probs.
+        logits_chunk_size: response tokens per chunk when turning hidden states into log-probs.
+    """
+
+    lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 64
+    log_prob_micro_batch_size: int = 256
+    logits_chunk_size: int = 1024
+
+    def validate(self) -> None:
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError("lr_schedule: must be 'constant' or 'cosine'")
+        if self.micro_batch_size <= 0:
+            raise ValueError("micro_batch_size: must be a positive number of samples")
+
+
+class TrainingWorker(abc.ABC):
+    """One model role (actor, critic, reference) on one rank of a training backend."""
+
+    role: Role
+
+    @dispatch("split")
+    @abc.abstractmethod
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> LogProbs:
+        """Log-probs of ``batch.response_ids`` given the prompts (no gradients)."""
+
+    @dispatch("split")
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Critic values ``[B, R]`` for each response token."""
+        raise NotImplementedError(f"the {self.role.value} role has no value head")
+
+    @dispatch("split")
+    def update_policy(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
+        """Optimise the policy on ``batch`` with ``loss_fn``; returns averaged metrics."""
+        raise NotImplementedError(f"the {self.role.value} role cannot be trained as a policy")
+
+    @dispatch("split")
+    def update_values(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
+        """Optimise the value head on ``batch`` with ``loss_fn``; returns averaged metrics."""
+        raise NotImplementedError(f"the {self.role.value} role has no value head")
+
+    @dispatch("broadcast")
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) weights one tensor at a time, in Hugging Face parameter names."""
+        raise NotImplementedError
+
+    def hf_module(self) -> torch.nn.Module:
+        """The live Hugging Face module, for engines that share weights in the same process."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its module in-process")
+
+    @dispatch("all")
+    def save_state(self, path: str) -> None:
+        """Write model, optimizer, scheduler and RNG state under ``path`` (a directory)."""
+        raise NotImplementedError
+
+    @dispatch("all")
+    def load_state(self, path: str) -> None:
+        """Restore what :meth:`save_state` wrote."""
+        raise NotImplementedError
+
+    @dispatch("broadcast")
+    def export_hf(self, path: str) -> None:
+        """Write a ``save_pretrained`` Hugging Face directory of the current weights."""
+        raise NotImplementedError
+
+    def peak_memory_gb(self) -> float:
+        """Peak memory this worker used since the last call, in GiB (0 if unknown)."""
+        return 0.0
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class TrainingBackend(abc.ABC):
+    """A training engine (FSDP, Megatron, ...): builds one worker per role and rank."""
+
+    Config: ClassVar[type[BackendConfig]] = BackendConfig
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    def create_worker(self, *, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> TrainingWorker:
+        """Build the worker for ``role`` on the rank described by ``world``."""
+
+
+# ----------------------------------------------------------------------------- rollout
+@dataclass
+class SamplingParams:
+    """How to sample responses."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    greedy: bool = False
+    logprobs: bool = True
+
+
+@dataclass
+class RolloutOutput:
+    """Responses for ``len(prompts) * n`` samples, grouped by prompt (prompt 0's n samples first).
+
+    Attributes:
+        response_ids: token ids of each response, ending with the stop token if one was hit.
+        log_probs: log-prob of each sampled token under the engine (None if not requested).
+        finish_reasons: ``"stop"`` (a stop token) or ``"length"`` (hit ``max_new_tokens``).
+    """
+
+    response_ids: list[list[int]]
+    log_probs: list[list[float]] | None
+    finish_reasons: list[str]
+
+
+@dataclass
+class RolloutConfig:
+    """Settings every rollout engine understands. Engines subclass it to add their own.
+
+    Attributes:
+        n: samples per prompt (the group size of GRPO).
+        temperature: sampling temperature.
+        top_p: nucleus sampling mass.
+        top_k: top-k sampling (-1 disables).
+        max_new_tokens: most tokens in a response.
+        val_temperature: temperature for validation (0 means greedy).
+        val_n: samples per prompt in validation.
+    """
+
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    val_temperature: float = 0.0
+    val_n: int = 1
+
+    def validate(self) -> None:
+        if self.n < 1:
+            raise ValueError("n: must be at least 1 sample per prompt")
+        if self.temperature < 0:
+            raise ValueError("temperature: must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p: must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens: must be at least 1")
+
+    def sampling(self, *, seed: int | None = None, validation: bool = False) -> SamplingParams:
+        if validation:
+            greedy = self.val_temperature == 0
+            return SamplingParams(n=self.val_n, temperature=self.val_temperature or 1.0, greedy=greedy,
+                                  max_new_tokens=self.max_new_tokens, seed=seed)
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, seed=seed)
+
+
+class RolloutEngine(abc.ABC):
+    """Generates responses from the current policy.
+
+    Attributes:
+        shares_actor_weights: True when the engine runs on the actor's own parameters in the same
+            process, so a weight sync is a no-op.
+        supports_memory_release: True when :meth:`release_memory` really frees memory.
+    """
+
+    Config: ClassVar[type[RolloutConfig]] = RolloutConfig
+    shares_actor_weights: ClassVar[bool] = False
+    supports_memory_release: ClassVar[bool] = False
+
+    def __init__(self, *, config: RolloutConfig, model: ModelSpec, tokenizer: Any,
+                 actor: TrainingWorker | None = None, world: WorldInfo = WorldInfo()) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.actor = actor
+        self.world = world
+
+    @abc.abstractmethod
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
+        """Sample ``sampling.n`` responses for each prompt (given as token ids, no re-tokenising)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights in place with the given (name, full tensor) stream."""
+        if not self.shares_actor_weights:
+            raise NotImplementedError(f"{type(self).__name__} cannot load new weights")
+
+    def release_memory(self) -> None:
+        """Free weights/KV cache between rollouts where the engine can; a no-op otherwise."""
+
+    def reacquire_memory(self) -> None:
+        """Undo :meth:`release_memory`."""
+
+    def close(self) -> None:
+        """Shut the engine down."""
+
+
+# ----------------------------------------------------------------------------- algorithms
+@dataclass
+class AlgorithmConfig:
+    """Settings shared by policy-gradient algorithms. Algorithms subclass it.
+
+    Attributes:
+        clip_ratio_low: lower PPO clip range (ratio >= 1 - clip_ratio_low).
+        clip_ratio_high: upper PPO clip range (ratio <= 1 + clip_ratio_high).
+        clip_ratio_c: dual-clip bound for negative advantages (0 disables).
+        kl_coef: weight of the KL to the reference policy (0 = no reference model needed).
+        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` or ``"low_var_kl"``.
+        kl_in_reward: subtract the KL from token rewards (PPO style) instead of adding a loss term.
+        entropy_coef: entropy bonus weight.
+        loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or
+            ``"seq-mean-token-sum-norm"``.
+        epochs: passes over each batch per step.
+        mini_batch_size: samples per optimizer step (0 = the whole batch, one step per epoch).
+        use_rollout_log_probs: take old log-probs from the rollout engine instead of recomputing.
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    loss_agg_mode: str = "token-mean"
+    epochs: int = 1
+    mini_batch_size: int = 0
+    use_rollout_log_probs: bool = False
+
+    def validate(self) -> None:
+        from verl_core.algorithms import functional as F
+
+        if self.kl_estimator not in F.KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator: must be one of {sorted(F.KL_ESTIMATORS)}")
+        if self.loss_agg_mode not in F.LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode: must be one of {sorted(F.LOSS_AGG_MODES)}")
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
+            raise ValueError("clip_ratio_low/clip_ratio_high: must be >= 0")
+        if self.epochs < 1:
+            raise ValueError("epochs: must be at least 1")
+        if self.mini_batch_size < 0:
+            raise ValueError("mini_batch_size: must be >= 0 (0 = whole batch)")
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """Which worker roles an algorithm needs besides the actor."""
+
+    critic: bool = False
+    reference: bool = False
+
+
+class Algorithm(abc.ABC):
+    """An RL algorithm: its dataflow and the small pure functions the dataflow calls.
+
+    Subclasses set ``Config`` and implement :meth:`compute_advantages`; most reuse the PPO-clip
+    :meth:`policy_loss`. The controller never looks at an algorithm's name: everything it needs
+    comes through these methods.
+    """
+
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+
+    def __init__(self, config: AlgorithmConfig) -> None:
+        self.config = config
+
+    def requirements(self) -> Requirements:
+        """Roles this algorithm needs; by default a reference only when a KL term is used."""
+        return Requirements(critic=False, reference=self.config.kl_coef > 0)
+
+    def build_dataflow(self, df: "Any") -> None:
+        """Declare the nodes of one RL step on a :class:`~verl_core.dataflow.DataflowBuilder`."""
+        from verl_core.dataflow import standard_dataflow
+
+        standard_dataflow(df, self)
+
+    def filter_batch(self, batch: Batch) -> Batch:
+        """Drop samples before advantages are computed (e.g. groups with equal rewards)."""
+        return batch
+
+    @abc.abstractmethod
+    def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(advantages, returns)``, both ``[B, R]``, from a scored batch."""
+
+    def policy_loss(self, *, batch: Batch, log_probs: torch.Tensor | None = None,
+                    entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """PPO-clip policy loss with optional KL and entropy terms."""
+        from verl_core.algorithms import functional as F
+
+        return F.ppo_policy_loss(self.config, batch=batch, log_probs=log_probs, entropy=entropy)
+
+    def value_loss(self, *, batch: Batch, values: torch.Tensor | None = None, log_probs: torch.Tensor | None = None,
+                   entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped value loss (only algorithms with a critic call this)."""
+        raise NotImplementedError(f"{type(self).__name__} has no critic")
+
+
+# ----------------------------------------------------------------------------- rewards
+@dataclass
+class RewardInput:
+    """What a reward function is given for a batch of responses."""
+
+    responses: list[str]
+    prompts: list[str]
+    ground_truths: list[Any]
+    data_sources: list[str]
+    extra_infos: list[dict[str, Any]] = field(default_factory=list)
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """Scores a batch of responses; may be ``async``. Returns one float per response."""
+
+    def __call__(self, inputs: RewardInput) -> Sequence[float] | Awaitable[Sequence[float]]: ...
+
+
+# ----------------------------------------------------------------------------- environments
+@dataclass
+class StepResult:
+    """What an environment returns after the policy acts."""
+
+    observation: list[dict[str, str]] | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(abc.ABC):
+    """A multi-turn environment: reset with a task, then step with each policy response."""
+
+    @abc.abstractmethod
+    def reset(self, *, prompt: list[dict[str, str]], extra_info: dict[str, Any]) -> list[dict[str, str]]:
+        """Start an episode; return the chat messages the policy sees first."""
+
+    @abc.abstractmethod
+    def step(self, response: str) -> StepResult:
+        """Apply the policy's response; return the next observation, reward and whether it ended."""
+
+
+# ----------------------------------------------------------------------------- executors
+@dataclass
+class ExecutorConfig:
+    """Settings every executor understands.
+
+    Attributes:
+        world_size: training processes (data-parallel ranks) per worker group.
+        threads_per_worker: torch threads per worker; 0 picks cores // workers.
+    """
+
+    world_size: int = 1
+    threads_per_worker: int = 0
+
+
+class WorkerGroup(abc.ABC):
+    """Workers of one role running SPMD; method calls dispatch per :func:`dispatch`."""
+
+    role: Role
+    world_size: int
+
+    @abc.abstractmethod
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on the workers as its dispatch mode declares."""
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda *args, **kwargs: self.call(method, *args, **kwargs)
+
+
+class Executor(abc.ABC):
+    """Places worker groups on processes and runs independent dataflow nodes."""
+
+    Config: ClassVar[type[ExecutorConfig]] = ExecutorConfig
+
+    def __init__(self, config: ExecutorConfig) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    def create_group(self, *, role: Role, factory: Callable[[WorldInfo], Any]) -> WorkerGroup:
+        """Start a worker group; ``factory(world)`` builds the worker on each rank."""
+
+    def run_parallel(self, tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+        """Run independent tasks; the default runs them one after the other."""
+        return [task() for task in tasks]
+
+    def shutdown(self) -> None:
+        """Stop all workers."""

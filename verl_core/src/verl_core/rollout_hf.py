@@ -1,0 +1,121 @@
+"""Rollout with Hugging Face ``generate``, sharing the actor's weights in the same process.
+
+The engine runs on the actor worker's live module (no copy), so weight sync is free; it is the
+reference implementation of the rollout contract and the fallback when no inference engine is
+installed. With a training backend that shards parameters, the worker's
+``gather_for_generation()`` context gathers them once for the whole generation call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+
+__all__ = ["HFRollout", "HFRolloutConfig"]
+
+
+@dataclass
+class HFRolloutConfig(RolloutConfig):
+    """Settings of the Hugging Face rollout.
+
+    Attributes:
+        batch_size: prompts per ``generate`` call (0: all prompts at once).
+    """
+
+    batch_size: int = 0
+
+
+class HFRollout(RolloutEngine):
+    """``transformers`` generation on the actor's own module."""
+
+    Config = HFRolloutConfig
+    shares_actor_weights = True
+
+    def __init__(self, *, config: HFRolloutConfig, model: ModelSpec, tokenizer: Any, actor: Any = None,
+                 world: WorldInfo = WorldInfo()) -> None:
+        super().__init__(config=config, model=model, tokenizer=tokenizer, actor=actor, world=world)
+        if actor is None:
+            # Stand-alone use (tests, evaluation): load our own copy and accept weight updates.
+            from transformers import AutoModelForCausalLM
+
+            self._own = model.module or AutoModelForCausalLM.from_pretrained(
+                model.path, dtype=getattr(torch, model.dtype), trust_remote_code=model.trust_remote_code)
+            self._own.eval()
+        else:
+            self._own = None
+        # In-process on the actor's module, a weight sync has nothing to do.
+        self.shares_actor_weights = self._own is None
+
+    def _module_context(self) -> contextlib.AbstractContextManager:
+        if self._own is not None:
+            return contextlib.nullcontext(self._own)
+        return self.actor.gather_for_generation()
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
+        tok = self.tokenizer
+        eos = [tok.eos_token_id, *sampling.stop_token_ids]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        chunk = self.config.batch_size or len(prompt_ids) or 1
+        responses: list[list[int]] = []
+        log_probs: list[list[float]] = []
+        reasons: list[str] = []
+        rng = torch.random.fork_rng() if sampling.seed is not None else contextlib.nullcontext()
+        with rng, self._module_context() as module:
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            was_training = module.training
+            module.eval()
+            try:
+                for start in range(0, len(prompt_ids), chunk):
+                    part = prompt_ids[start:start + chunk]
+                    r, lp, fr = self._generate_chunk(module, part, sampling, eos, pad)
+                    responses += r
+                    log_probs += lp
+                    reasons += fr
+            finally:
+                module.train(was_training)
+        return RolloutOutput(responses, log_probs if sampling.logprobs else None, reasons)
+
+    def _generate_chunk(self, module: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                        eos: list[int], pad: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        from verl_core.rollout_utils import left_pad
+
+        ids, mask = left_pad(prompts, pad)
+        kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                                      num_return_sequences=sampling.n, return_dict_in_generate=True,
+                                      output_logits=sampling.logprobs)
+        if sampling.greedy:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k if sampling.top_k > 0 else 0)
+        out = module.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        new = out.sequences[:, ids.shape[1]:]
+        if sampling.logprobs and new.shape[1]:
+            logits = torch.stack(out.logits, dim=1).float()
+            token_lp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        else:
+            token_lp = torch.zeros(new.shape)
+        eos_set = set(eos)
+        responses, lps, reasons = [], [], []
+        for row, lp in zip(new.tolist(), token_lp.tolist()):
+            cut = next((i + 1 for i, t in enumerate(row) if t in eos_set), None)
+            responses.append(row[:cut] if cut else row)
+            lps.append(lp[:cut] if cut else lp)
+            reasons.append("stop" if cut else "length")
+        return responses, lps, reasons
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self._own is None:
+            return  # the actor's module is our module: nothing to copy
+        params = dict(self._own.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name in params:
+                    params[name].copy_(tensor)

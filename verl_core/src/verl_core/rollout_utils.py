@@ -1,0 +1,71 @@
+"""Turning prompts and a rollout engine's output into a :class:`~verl_core.batch.Batch`."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from verl_core.batch import Batch
+from verl_core.interfaces import RolloutEngine, RolloutOutput, SamplingParams
+
+__all__ = ["generate_batch", "build_batch", "left_pad", "right_pad"]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``(ids, mask)`` tensors."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.as_tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def right_pad(rows: Sequence[Sequence[float]], fill: float, dtype: torch.dtype, width: int | None = None,
+              ) -> torch.Tensor:
+    """Right-pad lists into a ``[len(rows), width]`` tensor."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), max(width, 1)), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
+    return out
+
+
+def build_batch(prompts: Sequence[dict[str, Any]], output: RolloutOutput, *, n: int, pad_id: int) -> Batch:
+    """Pair each prompt row with its ``n`` responses (prompt ``i``'s samples get group id ``i``)."""
+    expected = len(prompts) * n
+    if len(output.response_ids) != expected:
+        raise ValueError(f"rollout engine returned {len(output.response_ids)} responses for "
+                         f"{len(prompts)} prompts x n={n}; expected {expected}")
+    rows = [p for p in prompts for _ in range(n)]
+    prompt_ids, prompt_mask = left_pad([r["prompt_ids"] for r in rows], pad_id)
+    width = max(1, max((len(r) for r in output.response_ids), default=1))
+    response_ids = right_pad(output.response_ids, pad_id, torch.long, width)
+    attn = right_pad([[1] * len(r) for r in output.response_ids], 0, torch.long, width)
+    rollout_lp = None
+    if output.log_probs is not None:
+        rollout_lp = right_pad(output.log_probs, 0.0, torch.float32, width)
+    meta_keys = ("ground_truth", "data_source", "extra_info", "prompt_text")
+    return Batch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_attention_mask=attn,
+        response_mask=attn.clone(),
+        group_ids=torch.arange(len(prompts)).repeat_interleave(n),
+        rollout_log_probs=rollout_lp,
+        finish_reasons=list(output.finish_reasons),
+        meta={k: [r.get(k) for r in rows] for k in meta_keys},
+        info={"pad_token_id": pad_id},
+    )
+
+
+def generate_batch(engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sampling: SamplingParams) -> Batch:
+    """Generate ``sampling.n`` responses per prompt row and build the batch."""
+    output = engine.generate([p["prompt_ids"] for p in prompts], sampling=sampling)
+    pad_id = engine.tokenizer.pad_token_id
+    return build_batch(prompts, output, n=sampling.n, pad_id=pad_id if pad_id is not None else 0)

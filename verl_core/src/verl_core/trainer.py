@@ -1,0 +1,297 @@
+"""The single controller: one process that owns the run and drives the dataflow.
+
+:class:`Trainer` resolves plugins through the registry, places worker groups with the executor,
+and then for each step samples prompts, runs the algorithm's dataflow, emits metrics through the
+hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from verl_core.checkpoint import CheckpointError, CheckpointManager
+from verl_core.config import (
+    Config,
+    apply_overrides,
+    config_to_dict,
+    dump_toml,
+    load_raw_config,
+    resolve_config,
+)
+from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
+from verl_core.data import PromptSampler, load_rows, tokenize_rows
+from verl_core.hooks import build_plugin_manager
+from verl_core.interfaces import ModelSpec, Role
+from verl_core.registry import PluginRegistry
+from verl_core.rewards import RewardManager
+
+__all__ = ["Trainer", "resolve_model_path"]
+
+BUILTIN_MODEL = "builtin:tiny-qwen2-addition"
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn ``builtin:...`` model names into a local directory (built and cached on first use)."""
+    if path == BUILTIN_MODEL:
+        from verl_core.tasks.arithmetic import ensure_builtin_model
+
+        return str(ensure_builtin_model())
+    if path.startswith("builtin:"):
+        raise ValueError(f"model.path: unknown built-in model {path!r}; available: {BUILTIN_MODEL}")
+    return path
+
+
+class Trainer:
+    """Runs RL training from a :class:`~verl_core.config.Config`.
+
+    Args:
+        config: the resolved configuration.
+        registry: plugin registry (a fresh one reading installed entry points by default).
+        model: an already loaded Hugging Face causal LM to train instead of ``config.model.path``.
+        tokenizer: an already loaded tokenizer (default: from the model directory).
+
+    Example:
+        >>> trainer = Trainer.from_config(overrides=["run.max_steps=5"])  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(self, config: Config, *, registry: PluginRegistry | None = None, model: Any = None,
+                 tokenizer: Any = None) -> None:
+        self.config = config
+        self.registry = registry or PluginRegistry()
+        self._model_obj = model
+        self.tokenizer = tokenizer
+        self.run_dir = Path(config.run.output_dir)
+        self.step = 0
+        self._ready = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *,
+                    registry: PluginRegistry | None = None, **kwargs: Any) -> "Trainer":
+        """Build from a TOML file and ``section.key=value`` overrides (validated up front)."""
+        registry = registry or PluginRegistry()
+        raw = apply_overrides(load_raw_config(path), overrides)
+        return cls(resolve_config(raw, registry), registry=registry, **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, overrides: Sequence[str] = (), *,
+                        registry: PluginRegistry | None = None, **kwargs: Any) -> "Trainer":
+        """Continue the run a checkpoint (or run directory) belongs to, with its saved config."""
+        ckpt = CheckpointManager.resolve(path)
+        run_dir = ckpt.parent.parent
+        config_file = run_dir / "config.toml"
+        if not config_file.is_file():
+            raise CheckpointError(f"{run_dir} has no config.toml next to its checkpoints")
+        overrides = [f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}",
+                     *overrides]
+        return cls.from_config(config_file, overrides, registry=registry, **kwargs)
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Load data, models and engines; restore a checkpoint when resuming."""
+        if self._ready:
+            return
+        cfg = self.config
+        threads = cfg.run.threads or max(1, (os.cpu_count() or 1))
+        torch.set_num_threads(threads)
+        random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
+
+        model_path = resolve_model_path(cfg.model.path) if self._model_obj is None else (cfg.model.path or "")
+        tok_path = cfg.model.tokenizer or model_path
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.model.trust_remote_code)
+        if self.tokenizer.pad_token_id is None:
+            if self.tokenizer.eos_token_id is None:
+                raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
+                                    trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
+
+        self.train_rows, self.val_rows = self._load_data()
+        self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
+                                     shuffle=cfg.data.shuffle)
+        self.reward = RewardManager(registry=self.registry, tokenizer=self.tokenizer, name=cfg.reward.name,
+                                    on_error=cfg.reward.on_error)
+
+        self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
+        backend = self.registry.load("backend", cfg.backend.name)(cfg.backend.config)
+        self.executor = self.registry.load("executor", cfg.executor.name)(cfg.executor.config)
+        needs = self.algorithm.requirements()
+
+        def group(role: Role) -> Any:
+            return self.executor.create_group(role=role, factory=lambda world: backend.create_worker(
+                role=role, model=self.model_spec, world=world, seed=cfg.run.seed))
+
+        self.actor = group(Role.ACTOR)
+        self.critic = group(Role.CRITIC) if needs.critic else None
+        self.reference = group(Role.REFERENCE) if needs.reference else None
+        self.rollout = self.registry.load("rollout", cfg.rollout.name)(
+            config=cfg.rollout.config, model=self.model_spec, tokenizer=self.tokenizer, actor=self.actor)
+
+        builder = DataflowBuilder()
+        self.algorithm.build_dataflow(builder)
+        self.dataflow: Dataflow = builder.build()
+        self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers,
+                                          disable_hooks=cfg.run.disable_hooks)
+        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
+        self._resume()
+        self._ready = True
+
+    def _load_data(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        d = self.config.data
+        common = dict(prompt_key=d.prompt_key, answer_key=d.answer_key, max_prompt_length=d.max_prompt_length,
+                      overlong=d.overlong, apply_chat_template=d.apply_chat_template)
+        train, dropped = tokenize_rows(load_rows(d.train, split="train"), self.tokenizer, source=d.train, **common)
+        self.data_stats = {"data/train_prompts": float(len(train)), "data/train_overlong_dropped": float(dropped)}
+        val_spec = d.val or (d.train if d.train.startswith("builtin:") else "")
+        val: list[dict[str, Any]] = []
+        if val_spec:
+            val, vdrop = tokenize_rows(load_rows(val_spec, split="test"), self.tokenizer, source=val_spec, **common)
+            self.data_stats["data/val_overlong_dropped"] = float(vdrop)
+            if d.max_val_samples:
+                val = val[: d.max_val_samples]
+        return train, val
+
+    def _resume(self) -> None:
+        mode = self.config.run.resume
+        if mode == "never":
+            return
+        ckpt = self.checkpoints.latest() if mode == "auto" else CheckpointManager.resolve(mode)
+        if ckpt is None:
+            return
+        CheckpointManager.verify(ckpt)
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        self.actor.load_state(str(ckpt / "actor"))
+        if self.critic is not None:
+            if not (ckpt / "critic").is_dir():
+                raise CheckpointError(f"{ckpt} has no critic state, but algorithm {self.config.algorithm.name!r} "
+                                      f"needs a critic; resume with the algorithm it was saved with")
+            self.critic.load_state(str(ckpt / "critic"))
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        self.resumed_from = ckpt
+
+    # ------------------------------------------------------------------ run
+    def train(self) -> dict[str, float]:
+        """Run until ``run.max_steps``; returns the last metrics (validation included)."""
+        self.setup()
+        cfg = self.config.run
+        hook = self.hooks.hook
+        hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=cfg.max_steps)
+        last: dict[str, float] = {}
+        status, error = "completed", None
+        try:
+            if self.step == 0 and cfg.val_before_train and self.val_rows:
+                last.update(self.validate())
+            validated_at = self.step
+            while self.step < cfg.max_steps:
+                self.step += 1
+                hook.verl_step_start(step=self.step)
+                metrics = self.run_step()
+                last.update(metrics)
+                hook.verl_step_end(step=self.step, metrics=metrics)
+                hook.verl_metrics(step=self.step, metrics=metrics)
+                final = self.step == cfg.max_steps
+                if self.val_rows and (final or (cfg.val_every and self.step % cfg.val_every == 0)):
+                    last.update(self.validate())
+                    validated_at = self.step
+                if final or (cfg.save_every and self.step % cfg.save_every == 0):
+                    self.save_checkpoint()
+            if validated_at != self.step and self.val_rows:
+                last.update(self.validate())
+        except KeyboardInterrupt as exc:
+            status, error = "interrupted", exc
+            raise
+        except BaseException as exc:
+            status, error = "failed", exc
+            raise
+        finally:
+            hook.verl_run_end(step=self.step, status=status, error=error)
+            self.executor.shutdown()
+        return last
+
+    def run_step(self) -> dict[str, float]:
+        """One RL step: sample prompts, run the dataflow, and return its metrics."""
+        start = time.perf_counter()
+        idx = self.sampler.next_batch()
+        prompts = [self.train_rows[i] for i in idx]
+        sampling = self.config.rollout.config.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
+        ctx = StepContext(step=self.step, prompts=prompts, algorithm=self.algorithm, actor=self.actor,
+                          rollout=self.rollout, reward=self.reward, sampling=sampling, critic=self.critic,
+                          reference=self.reference)
+        self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
+        elapsed = time.perf_counter() - start
+        b = ctx.batch
+        m = dict(ctx.metrics)
+        m.setdefault("ppo/kl_divergence", m.get("ppo/approx_kl", 0.0))
+        if b.ref_log_probs is not None:
+            from verl_core.algorithms.functional import kl_penalty, masked_mean
+
+            m["actor/ref_kl"] = float(masked_mean(kl_penalty(b.old_log_probs, b.ref_log_probs, "k3"),
+                                                  b.response_mask))
+        tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
+        n_samples = len(prompts) * sampling.n
+        m.update({
+            "step": float(self.step),
+            "epoch": float(self.sampler.epoch),
+            "timing/step": elapsed,
+            "throughput/samples_per_sec": n_samples / elapsed,
+            "throughput/tokens_per_sec": tokens / elapsed,
+            "memory/actor_peak_gb": float(self.actor.peak_memory_gb()),
+        })
+        return m
+
+    def validate(self) -> dict[str, float]:
+        """Generate for every validation prompt with the validation sampling and score it."""
+        rc = self.config.rollout.config
+        sampling = rc.sampling(seed=self.config.run.seed, validation=True)
+        rows = self.val_rows
+        chunk = self.config.data.val_batch_size or len(rows)
+        texts: list[str] = []
+        meta: dict[str, list[Any]] = {"ground_truth": [], "data_source": [], "extra_info": [], "prompt_text": []}
+        start = time.perf_counter()
+        for s in range(0, len(rows), chunk):
+            part = rows[s:s + chunk]
+            out = self.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling)
+            texts += self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+            for r in part:
+                for _ in range(sampling.n):
+                    for k in meta:
+                        meta[k].append(r.get(k))
+        scores, reward_metrics = self.reward.score_texts(texts, meta)
+        metrics = {"val/reward_mean": float(scores.mean()), "val/samples": float(len(texts)),
+                   "timing/validation": time.perf_counter() - start}
+        metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items()
+                        if k.endswith("/mean") and k.count("/") == 2})
+        self.hooks.hook.verl_validation_end(step=self.step, metrics=metrics)
+        self.hooks.hook.verl_metrics(step=self.step, metrics=metrics)
+        return metrics
+
+    def save_checkpoint(self) -> Path:
+        """Write a complete checkpoint of the current step (atomically) and return its path."""
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "algorithm": self.config.algorithm.name,
+                 "backend": self.config.backend.name}
+
+        def write(tmp: Path) -> None:
+            self.actor.save_state(str(tmp / "actor"))
+            if self.critic is not None:
+                self.critic.save_state(str(tmp / "critic"))
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+            (tmp / "config.toml").write_text(dump_toml(config_to_dict(self.config)))
+
+        path = self.checkpoints.save(self.step, write, info={"model": self.model_spec.path})
+        self.hooks.hook.verl_checkpoint_saved(step=self.step, path=path)
+        return path
