@@ -149,14 +149,15 @@ def _levels(nodes: Sequence[Node]) -> list[list[Node]]:
         reads = {BATCH, *node.reads}
         for f in reads:
             writers_before = [j for j in range(i) if f in nodes[j].writes]
+            writers_after = [j for j in range(i + 1, len(nodes)) if f in nodes[j].writes and f != BATCH]
             if writers_before:
                 deps[i].add(writers_before[-1])
-            elif f != BATCH:
-                writers_after = [j for j in range(i + 1, len(nodes)) if f in nodes[j].writes]
-                if not writers_after:
-                    raise DataflowError(
-                        f"node {node.name!r} reads {f!r} but no node writes it; add a node that produces {f!r}")
+            elif writers_after:
                 deps[i].add(writers_after[0])
+            elif f != BATCH and not any(BATCH in nodes[j].writes for j in range(i)):
+                # Fields with no writer of their own come from the node that produced the batch.
+                raise DataflowError(
+                    f"node {node.name!r} reads {f!r} but no node writes it; add a node that produces {f!r}")
         for f in node.writes:
             for j in range(i):
                 earlier_read = f in nodes[j].reads and any(f in nodes[k].writes for k in range(j))

@@ -126,7 +126,9 @@ def group_normalized_advantages(scores: torch.Tensor, group_ids: torch.Tensor, r
         if group.numel() < 2:
             continue
         centred = group - group.mean()
-        adv[members] = centred / (group.std(unbiased=True) + eps) if norm_by_std else centred
+        std = group.std(unbiased=True)
+        # Equal rewards carry no signal: advantage 0 (also when eps is 0).
+        adv[members] = centred / (std + eps) if norm_by_std and std > 0 else (centred if not norm_by_std else 0.0)
     return adv.unsqueeze(-1) * response_mask.to(adv.dtype)
 
 

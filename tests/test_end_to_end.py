@@ -1,0 +1,90 @@
+"""End-to-end runs of the default job through the real CLI and the Python API."""
+
+import json
+
+import pytest
+import torch
+
+# Small but real: the default task, model, backend, rollout and algorithm, fewer prompts.
+FAST = ["data.batch_size=16", "rollout.n=4", "data.max_val_samples=40", "run.val_every=0", "run.threads=1"]
+
+
+@pytest.mark.slow
+def test_default_run_writes_metrics_config_and_checkpoint(tmp_path, run_verl):
+    out = tmp_path / "run"
+    res = run_verl("run", "--max-steps", "2", "--output-dir", str(out), *FAST)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "step 2/2" in res.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "ppo/actor_loss" in r]
+    val = [r for r in rows if "val/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for key in ("ppo/actor_loss", "ppo/kl_divergence", "reward/mean", "throughput/samples_per_sec",
+                "memory/actor_peak_gb"):
+        assert key in train[0], key
+    assert [r["step"] for r in val] == [0, 2]  # before the first step and after the last
+    assert 0.0 <= val[0]["val/reward_mean"] <= 1.0
+    assert (out / "config.toml").is_file()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+
+    # Same directory, more steps: resumes from step 2 instead of starting over.
+    res = run_verl("run", "--max-steps", "3", "--output-dir", str(out), *FAST)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed at step 2" in res.stdout
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if "ppo/actor_loss" in line]
+    assert steps == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_resume_is_bit_identical(tmp_path):
+    from verl_core.trainer import Trainer
+
+    common = [*FAST, "run.loggers=[]", "run.val_before_train=false", "data.max_val_samples=8"]
+
+    def weights(trainer):
+        return {k: v.clone() for k, v in trainer.actor.iter_weights()}
+
+    full = Trainer.from_config(overrides=[*common, "run.max_steps=3", f"run.output_dir='{tmp_path / 'a'}'"])
+    full.train()
+    expected = weights(full)
+
+    first = Trainer.from_config(overrides=[*common, "run.max_steps=1", f"run.output_dir='{tmp_path / 'b'}'"])
+    first.train()
+    resumed = Trainer.from_checkpoint(tmp_path / "b", overrides=["run.max_steps=3"])
+    resumed.train()
+    assert resumed.resumed_from.name == "step_000001"
+    got = weights(resumed)
+    assert got.keys() == expected.keys()
+    for k in expected:
+        assert torch.equal(got[k], expected[k]), k
+
+
+def test_user_errors_exit_2_without_traceback(run_verl):
+    res = run_verl("run", "--algo", "grop")
+    assert res.returncode == 2
+    assert "Did you mean 'grpo'" in res.stderr and "Traceback" not in res.stderr
+    res = run_verl("run", "algorithm.kl_coef=abc")
+    assert res.returncode == 2
+    assert "algorithm.kl_coef: expected a number" in res.stderr
+    res = run_verl("run", "--rollout", "vllm")
+    assert res.returncode == 2 and "pip install verl-rollout-vllm" in res.stderr
+
+
+def test_plugins_list_json(run_verl):
+    res = run_verl("plugins", "list", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {(r["kind"], r["name"]): r for r in json.loads(res.stdout)}
+    assert rows[("algorithm", "grpo")]["distribution"] == "verl-core"
+    assert rows[("backend", "fsdp")]["status"] == "available"
+
+
+def test_plugins_list_imports_no_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys; from verl_core.cli import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['plugins', 'list']); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in ('torch', 'vllm', 'sglang', 'megatron', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

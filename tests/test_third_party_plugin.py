@@ -1,0 +1,82 @@
+"""A throw-away third-party algorithm package, installed with pip, used through `verl run`."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PYPROJECT = """
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "verl-algo-signonly"
+version = "0.0.1"
+dependencies = ["verl-core>=0.1,<0.2"]
+
+[project.entry-points."verl.plugin_api"]
+v1 = "verl_algo_signonly"
+
+[project.entry-points."verl.algorithms"]
+signonly = "verl_algo_signonly:SignOnly"
+"""
+
+MODULE = '''
+"""Advantage = sign(reward - group mean): a toy algorithm from outside the core."""
+from dataclasses import dataclass
+
+import torch
+
+from verl_core.interfaces import Algorithm, AlgorithmConfig
+
+
+@dataclass
+class SignOnlyConfig(AlgorithmConfig):
+    scale: float = 1.0
+
+
+class SignOnly(Algorithm):
+    Config = SignOnlyConfig
+
+    def compute_advantages(self, batch):
+        scores = batch.scores.float()
+        adv = torch.zeros_like(scores)
+        for g in batch.group_ids.unique():
+            m = batch.group_ids == g
+            adv[m] = torch.sign(scores[m] - scores[m].mean()) * self.config.scale
+        adv = adv.unsqueeze(-1) * batch.response_mask
+        return adv, adv
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory):
+    src = tmp_path_factory.mktemp("pkg")
+    (src / "pyproject.toml").write_text(PYPROJECT)
+    (src / "verl_algo_signonly.py").write_text(textwrap.dedent(MODULE))
+    site = tmp_path_factory.mktemp("site")
+    # No build isolation: setuptools is already in the environment, and the test stays offline.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(src)], check=True)
+    return site
+
+
+@pytest.mark.slow
+def test_third_party_algorithm_runs_through_cli(plugin_site, tmp_path, run_verl):
+    env = {"PYTHONPATH": str(plugin_site)}
+    listed = run_verl("plugins", "list", "--json", env=env)
+    rows = {(r["kind"], r["name"]): r for r in json.loads(listed.stdout)}
+    assert rows[("algorithm", "signonly")]["distribution"] == "verl-algo-signonly"
+    assert rows[("algorithm", "signonly")]["status"] == "available"
+
+    out = tmp_path / "run"
+    res = run_verl("run", "--algo", "signonly", "--max-steps", "2", "--output-dir", str(out), "algorithm.scale=0.5",
+                   "data.batch_size=8", "rollout.n=4", "data.max_val_samples=16", "run.threads=1", env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    config = (out / "config.toml").read_text()
+    assert 'name = "signonly"' in config and "scale = 0.5" in config
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "ppo/actor_loss" in r] == [1, 2]
