@@ -260,7 +260,7 @@ class FSDPWorker(TrainingWorker):
                     if not torch.isfinite(loss):
                         self.optimizer.zero_grad(set_to_none=True)
                         raise TrainingDivergedError(
-                            f"{prefix} loss is {float(loss)} at optimizer step {self.optimizer_steps + 1}; the update "
+                            f"{prefix} loss is {float(loss.detach())} at optimizer step {self.optimizer_steps + 1}; the update "
                             f"was not applied (lower backend.lr, or check the rewards for NaN)")
                     (loss * (len(micro) / len(mb))).backward()
                     for k, v in metrics.items():

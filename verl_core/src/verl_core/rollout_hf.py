@@ -91,7 +91,9 @@ class HFRollout(RolloutEngine):
                                       num_return_sequences=sampling.n, return_dict_in_generate=True,
                                       output_logits=sampling.logprobs)
         if sampling.greedy:
-            kwargs.update(do_sample=False)
+            # transformers rejects num_return_sequences > 1 without sampling; greedy samples are
+            # identical anyway, so decode each prompt once and repeat the result below.
+            kwargs.update(do_sample=False, num_return_sequences=1)
         else:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                           top_k=sampling.top_k if sampling.top_k > 0 else 0)
@@ -109,6 +111,12 @@ class HFRollout(RolloutEngine):
             responses.append(row[:cut] if cut else row)
             lps.append(lp[:cut] if cut else lp)
             reasons.append("stop" if cut else "length")
+        if sampling.greedy and sampling.n > 1:
+            n = sampling.n
+            # Copies, so that editing one sample never edits its siblings.
+            responses = [list(r) for r in responses for _ in range(n)]
+            lps = [list(lp) for lp in lps for _ in range(n)]
+            reasons = [r for r in reasons for _ in range(n)]
         return responses, lps, reasons
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

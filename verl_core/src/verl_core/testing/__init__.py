@@ -1,0 +1,32 @@
+"""Conformance suites every plugin implementation runs, first- or third-party.
+
+Like ``fsspec``'s ``tests/abstract``, each suite is a plain class of pytest test methods. A test
+module subclasses it with a ``Test`` name and provides the fixtures the suite documents; pytest
+then runs the whole contract against that implementation::
+
+    import pytest
+    from verl_core.testing import AlgorithmConformance
+
+    class TestMyAlgorithm(AlgorithmConformance):
+        @pytest.fixture
+        def algorithm(self):
+            return MyAlgorithm(MyAlgorithm.Config())
+
+Suites:
+    :class:`AlgorithmConformance`: fixture ``algorithm``.
+    :class:`RolloutConformance`: fixtures ``engine``, ``prompt_ids``, ``reference_model``.
+    :class:`BackendConformance`: fixtures ``backend``, ``model_dir``.
+
+Helpers:
+    :func:`make_batch`: a small synthetic :class:`~verl_core.batch.Batch`.
+    :func:`tiny_model_dir`: the built-in tiny model written to a directory.
+
+Importing this package needs pytest (it is a test-time dependency, ``verl-core[test]``).
+"""
+
+from verl_core.testing._algorithm import AlgorithmConformance
+from verl_core.testing._backend import BackendConformance
+from verl_core.testing._factories import make_batch, tiny_model_dir
+from verl_core.testing._rollout import RolloutConformance
+
+__all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir"]
