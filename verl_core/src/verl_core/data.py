@@ -90,6 +90,7 @@ def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key:
             "ground_truth": _ground_truth(row, answer_key),
             "data_source": row.get("data_source") or "default",
             "extra_info": row.get("extra_info") or {},
+            "raw": row,  # everything else the row carries (preference pairs, images, tools, ...)
         })
     if not out:
         raise DataError(f"{source}: no usable prompts ({dropped} longer than data.max_prompt_length)")
