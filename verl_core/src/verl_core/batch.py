@@ -61,6 +61,11 @@ class Batch:
         finish_reasons: why each response ended (``"stop"`` or ``"length"``).
         meta: per-sample metadata lists (``ground_truth``, ``data_source``, ``extra_info``, ...).
         info: batch-level values the nodes hand to each other (not split).
+        extras: per-sample tensors a plugin adds beyond the fields above (a greedy baseline's
+            score, a preference label, ...), keyed by name. The first dimension is the sample, so
+            they are selected, split and concatenated with the batch; a 2-D extra is aligned with
+            the response tokens (``[B, R]``) and right-padded with 0 when widths differ. Dataflow
+            nodes write one with the field name ``"extras.<name>"``.
     """
 
     prompt_ids: torch.Tensor
@@ -80,6 +85,7 @@ class Batch:
     finish_reasons: list[str] = field(default_factory=list)
     meta: dict[str, list[Any]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -116,6 +122,7 @@ class Batch:
         changes["finish_reasons"] = [self.finish_reasons[i] for i in ids] if self.finish_reasons else []
         changes["meta"] = {k: [v[i] for i in ids] for k, v in self.meta.items()}
         changes["info"] = dict(self.info)
+        changes["extras"] = {k: t.index_select(0, idx) for k, t in self.extras.items()}
         return dataclasses.replace(self, **changes)
 
     def split(self, size: int) -> Iterator["Batch"]:
@@ -158,6 +165,17 @@ class Batch:
         keys = batches[0].meta.keys()
         out["meta"] = {k: [x for b in batches for x in b.meta.get(k, [None] * len(b))] for k in keys}
         out["info"] = dict(batches[0].info)
+        out["extras"] = {}
+        for name in batches[0].extras:
+            values = [b.extras.get(name) for b in batches]
+            if any(v is None for v in values):
+                raise ValueError(f"cannot concatenate batches where only some have extras[{name!r}]")
+            if values[0].dim() == 2:
+                values = [_pad_to(v, r_width, 0, left=False) for v in values]
+            out["extras"][name] = torch.cat(values, dim=0)
+        missing = {k for b in batches[1:] for k in b.extras} - set(batches[0].extras)
+        if missing:
+            raise ValueError(f"cannot concatenate batches where only some have extras {sorted(missing)}")
         return cls(**out)
 
 

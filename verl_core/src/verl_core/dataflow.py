@@ -15,10 +15,17 @@ Declaring a custom algorithm::
     df.update_actor(my_algorithm)
     df.sync_weights()
     flow = df.build()
+
+Capabilities some algorithms need are builder methods too, so no algorithm needs the controller
+to know its name: :meth:`DataflowBuilder.generate_until_full` (keep generating until the filtered
+batch is full, DAPO's dynamic sampling), :meth:`DataflowBuilder.greedy_baseline` (score one greedy
+response per prompt, ReMax's baseline) and :meth:`DataflowBuilder.batch_from_data` (build the batch
+from the prompt rows' own columns instead of generating: preference pairs, SFT targets).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -35,6 +42,8 @@ __all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError"
 # Pseudo-field every node reads; a node that writes it (generation, filtering) replaces the whole
 # batch and so acts as a barrier.
 BATCH = "batch"
+# A node writes one entry of Batch.extras by declaring the field "extras.<name>".
+EXTRAS_PREFIX = "extras."
 
 
 class DataflowError(ValueError):
@@ -65,7 +74,13 @@ class Node:
 
 @dataclass
 class StepContext:
-    """What nodes see while one RL step runs. The controller fills it in."""
+    """What nodes see while one RL step runs. The controller fills it in.
+
+    Attributes:
+        tokenizer: the run's tokenizer, for nodes that turn text into tokens (offline data).
+        draw_prompts: returns the next batch of training prompt rows, for nodes that need more
+            prompts than the step's own (dynamic sampling); None where no more can be drawn.
+    """
 
     step: int
     prompts: list[dict[str, Any]]
@@ -79,6 +94,8 @@ class StepContext:
     batch: Batch | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
+    draw_prompts: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class Dataflow:
@@ -129,7 +146,11 @@ def _apply(node: Node, ctx: StepContext, result: Any) -> None:
         raise DataflowError(f"node {node.name!r} set {sorted(undeclared)} without declaring them in writes")
     if ctx.batch is None:
         raise DataflowError(f"node {node.name!r} ran before any node produced the batch")
-    ctx.batch = ctx.batch.replace(**result)
+    fields = {k: v for k, v in result.items() if not k.startswith(EXTRAS_PREFIX)}
+    extras = {k[len(EXTRAS_PREFIX):]: v for k, v in result.items() if k.startswith(EXTRAS_PREFIX)}
+    if extras:
+        fields["extras"] = {**ctx.batch.extras, **extras}
+    ctx.batch = ctx.batch.replace(**fields)
 
 
 def _levels(nodes: Sequence[Node]) -> list[list[Node]]:
@@ -208,6 +229,40 @@ class DataflowBuilder:
         """Sample responses for the step's prompts with the rollout engine."""
         return self.node("generate", _generate, writes=(BATCH,), role="rollout")
 
+    def generate_until_full(self, algorithm: "Algorithm", *, max_extra_rounds: int) -> str:
+        """Generate, score and filter until the batch holds as many prompt groups as the step has prompts.
+
+        Each round samples responses, scores them and keeps what ``algorithm.filter_batch`` keeps;
+        while fewer groups than the step's prompts survive, another batch of prompts is drawn
+        (``ctx.draw_prompts``), at most ``max_extra_rounds`` times. The first groups that survive
+        make the batch (a smaller one when the cap is reached). When nothing survives at all the
+        first round is kept unfiltered, so the step still trains on real samples. DAPO's dynamic
+        sampling (arXiv:2503.14476) is this node with a filter that drops equal-reward groups.
+        Replaces :meth:`actor_generate`, :meth:`reward_score` and :meth:`filter_batch`.
+        """
+        if max_extra_rounds < 0:
+            raise ValueError(f"max_extra_rounds must be >= 0, got {max_extra_rounds}")
+        return self.node("generate", lambda ctx: _generate_until_full(ctx, algorithm, max_extra_rounds),
+                         writes=(BATCH, "scores", "token_rewards"), role="rollout")
+
+    def greedy_baseline(self, *, name: str = "baseline_scores") -> str:
+        """Score one greedy response per prompt of the batch; each sample gets its prompt's score.
+
+        The result is ``batch.extras[name]`` (``[B]``), written before the policy changes, so it
+        is the reward of the current policy's greedy answer: ReMax's baseline (arXiv:2310.10505).
+        """
+        return self.node("greedy_baseline", lambda ctx: _greedy_baseline(ctx, name),
+                         writes=(EXTRAS_PREFIX + name,), role="rollout")
+
+    def batch_from_data(self, build: Callable[[StepContext], Batch], *, name: str = "batch_from_data") -> str:
+        """Build the step's batch from its prompt rows instead of generating (offline data).
+
+        ``build(ctx)`` returns a :class:`~verl_core.batch.Batch` made from ``ctx.prompts``; each
+        row keeps its raw data columns under ``row["raw"]`` (preference pairs, SFT targets, ...)
+        and ``ctx.tokenizer`` turns their text into tokens.
+        """
+        return self.node(name, build, writes=(BATCH,))
+
     def reward_score(self) -> str:
         """Score responses with the reward functions; scores go on the last response token."""
         return self.node("reward", _reward, reads=("response_ids",), writes=("scores", "token_rewards"),
@@ -258,14 +313,15 @@ class DataflowBuilder:
 
         return self.node("update_critic", fn, reads=("returns", "values"), role="critic")
 
-    def update_actor(self, algorithm: "Algorithm") -> str:
-        """Optimise the policy with the algorithm's loss."""
+    def update_actor(self, algorithm: "Algorithm", *,
+                     reads: Sequence[str] = ("advantages", "old_log_probs")) -> str:
+        """Optimise the policy with the algorithm's loss (``reads``: the fields that loss uses)."""
         def fn(ctx: StepContext) -> None:
             cfg = algorithm.config
             ctx.metrics.update(ctx.actor.update_policy(ctx.batch, loss_fn=algorithm.policy_loss,
                                                        mini_batch_size=cfg.mini_batch_size, epochs=cfg.epochs))
 
-        return self.node("update_actor", fn, reads=("advantages", "old_log_probs"), role="actor")
+        return self.node("update_actor", fn, reads=tuple(reads), role="actor")
 
     def sync_weights(self) -> str:
         """Push the updated policy weights into the rollout engine."""
@@ -307,19 +363,91 @@ def _generate(ctx: StepContext) -> Batch:
 
 
 def _reward(ctx: StepContext) -> dict[str, torch.Tensor]:
+    return _score(ctx, ctx.batch)
+
+
+def _score(ctx: StepContext, batch: Batch, *, record: bool = True) -> dict[str, torch.Tensor]:
+    """Scores and token rewards of ``batch``; ``record`` adds the reward metrics to the step's."""
     from verl_core.algorithms.functional import scores_to_token_rewards
 
-    scores, metrics = ctx.reward.score(ctx.batch)
-    lengths = ctx.batch.response_attention_mask.sum(-1).float()
-    ctx.metrics.update(metrics)
+    scores, metrics = ctx.reward.score(batch)
+    if record:
+        lengths = batch.response_attention_mask.sum(-1).float()
+        ctx.metrics.update(metrics)
+        ctx.metrics.update({
+            "reward/mean": float(scores.mean()),
+            "reward/max": float(scores.max()),
+            "reward/min": float(scores.min()),
+            "response_length/mean": float(lengths.mean()),
+            "response_length/clip_frac": sum(r == "length" for r in batch.finish_reasons) / max(1, len(lengths)),
+        })
+    return {"scores": scores, "token_rewards": scores_to_token_rewards(scores, batch.response_mask)}
+
+
+def _generate_until_full(ctx: StepContext, algorithm: "Algorithm", max_extra_rounds: int) -> Batch:
+    from verl_core.rollout_utils import generate_batch
+
+    target = len(ctx.prompts)
+    prompts = ctx.prompts
+    first: Batch | None = None
+    kept: list[Batch] = []
+    kept_groups: list[int] = []
+    generated = 0
+    rounds = 0
+    for rounds in range(max_extra_rounds + 1):
+        if rounds > 0:
+            if ctx.draw_prompts is None:
+                break
+            prompts = ctx.draw_prompts()
+        sampling = ctx.sampling
+        if rounds > 0 and sampling.seed is not None:
+            # A fresh seed per round: the same seed on new prompts would correlate the samples.
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + 7919 * rounds)
+        batch = generate_batch(ctx.rollout, prompts, sampling)
+        # Group ids restart at 0 in every round; shift them so groups of different rounds stay apart.
+        batch = batch.replace(group_ids=batch.group_ids + rounds * target)
+        # The reward metrics describe the step's own prompts, as for every other algorithm.
+        batch = batch.replace(**_score(ctx, batch, record=rounds == 0))
+        generated += len(batch)
+        if first is None:
+            first = batch
+        survivors = algorithm.filter_batch(batch)
+        if len(survivors):
+            kept.append(survivors)
+            kept_groups += list(dict.fromkeys(survivors.group_ids.tolist()))
+        if len(kept_groups) >= target:
+            break
     ctx.metrics.update({
-        "reward/mean": float(scores.mean()),
-        "reward/max": float(scores.max()),
-        "reward/min": float(scores.min()),
-        "response_length/mean": float(lengths.mean()),
-        "response_length/clip_frac": sum(r == "length" for r in ctx.batch.finish_reasons) / max(1, len(lengths)),
+        "dynamic_sampling/rounds": float(rounds + 1),
+        "dynamic_sampling/generated_samples": float(generated),
+        "dynamic_sampling/kept_groups": float(min(len(kept_groups), target)),
+        "dynamic_sampling/fallback_unfiltered": float(not kept),
     })
-    return {"scores": scores, "token_rewards": scores_to_token_rewards(scores, ctx.batch.response_mask)}
+    if not kept:
+        return first
+    batch = Batch.concat(kept)
+    wanted = set(kept_groups[:target])
+    return batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in wanted])
+
+
+def _greedy_baseline(ctx: StepContext, name: str) -> dict[str, torch.Tensor]:
+    from verl_core.rollout_utils import generate_batch
+
+    b = ctx.batch
+    group_ids = b.group_ids.tolist()
+    first_row: dict[int, int] = {}
+    for i, g in enumerate(group_ids):
+        first_row.setdefault(g, i)
+    rows = []
+    for i in first_row.values():
+        rows.append({"prompt_ids": b.prompt_ids[i][b.prompt_mask[i].bool()].tolist(),
+                     **{key: values[i] for key, values in b.meta.items()}})
+    sampling = dataclasses.replace(ctx.sampling, n=1, greedy=True)
+    greedy = generate_batch(ctx.rollout, rows, sampling)
+    scores, _ = ctx.reward.score(greedy)
+    per_group = dict(zip(first_row, scores.tolist()))
+    ctx.metrics["baseline/greedy_reward_mean"] = float(scores.mean())
+    return {EXTRAS_PREFIX + name: torch.tensor([per_group[g] for g in group_ids], dtype=torch.float32)}
 
 
 def _old_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:

@@ -68,4 +68,7 @@ def generate_batch(engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sam
     """Generate ``sampling.n`` responses per prompt row and build the batch."""
     output = engine.generate([p["prompt_ids"] for p in prompts], sampling=sampling)
     pad_id = engine.tokenizer.pad_token_id
-    return build_batch(prompts, output, n=sampling.n, pad_id=pad_id if pad_id is not None else 0)
+    batch = build_batch(prompts, output, n=sampling.n, pad_id=pad_id if pad_id is not None else 0)
+    # The response budget, for losses normalised by a constant length (Dr. GRPO) and length shaping.
+    batch.info["max_new_tokens"] = sampling.max_new_tokens
+    return batch

@@ -226,18 +226,17 @@ class Trainer:
     def run_step(self) -> dict[str, float]:
         """One RL step: sample prompts, run the dataflow, and return its metrics."""
         start = time.perf_counter()
-        idx = self.sampler.next_batch()
-        prompts = [self.train_rows[i] for i in idx]
+        prompts = self._draw_prompts()
         sampling = self.config.rollout.config.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
         ctx = StepContext(step=self.step, prompts=prompts, algorithm=self.algorithm, actor=self.actor,
                           rollout=self.rollout, reward=self.reward, sampling=sampling, critic=self.critic,
-                          reference=self.reference)
+                          reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts)
         self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
         elapsed = time.perf_counter() - start
         b = ctx.batch
         m = dict(ctx.metrics)
         m.setdefault("ppo/kl_divergence", m.get("ppo/approx_kl", 0.0))
-        if b.ref_log_probs is not None:
+        if b.ref_log_probs is not None and b.old_log_probs is not None:
             from verl_core.algorithms.functional import kl_penalty, masked_mean
 
             m["actor/ref_kl"] = float(masked_mean(kl_penalty(b.old_log_probs, b.ref_log_probs, "k3"),
@@ -253,6 +252,10 @@ class Trainer:
             "memory/actor_peak_gb": float(self.actor.peak_memory_gb()),
         })
         return m
+
+    def _draw_prompts(self) -> list[dict[str, Any]]:
+        """The next batch of training prompt rows; the sampler's position is part of the checkpoint."""
+        return [self.train_rows[i] for i in self.sampler.next_batch()]
 
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt with the validation sampling and score it."""

@@ -53,14 +53,15 @@ class AlgorithmConformance:
     def make_batch(self, algorithm: Algorithm, **overrides: Any) -> Batch:
         """A batch holding every field the algorithm may read before computing advantages.
 
-        Reference log-probs are only present when the algorithm's config asks for a KL term, so
-        an algorithm that reads them without needing them fails loudly. Critic values are only
-        present when the algorithm declares a critic.
+        Reference log-probs are only present when the algorithm's requirements ask for the
+        reference role, so an algorithm that reads them without declaring it fails loudly. Critic
+        values are only present when the algorithm declares a critic. Subclasses add the fields
+        their algorithm's own nodes produce (``extras``) by overriding this method.
         """
         needs = algorithm.requirements()
         kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size, group_size=self.group_size, prompt_length=self.prompt_length,
-            response_length=self.response_length, ref_log_probs=_kl_coef(algorithm) > 0, values=needs.critic,
+            response_length=self.response_length, ref_log_probs=needs.reference, values=needs.critic,
         )
         kwargs.update(overrides)
         return make_batch(**kwargs)
@@ -212,15 +213,18 @@ class AlgorithmConformance:
             assert needs.reference, "a KL coefficient > 0 needs the reference role"
 
     def test_build_dataflow(self, algorithm: Algorithm) -> None:
-        """The declared dataflow validates and contains generation and the actor update."""
-        from verl_core.dataflow import Dataflow, DataflowBuilder
+        """The declared dataflow validates, produces the batch first and updates the actor."""
+        from verl_core.dataflow import BATCH, Dataflow, DataflowBuilder
 
         df = DataflowBuilder()
         algorithm.build_dataflow(df)
         flow = df.build()  # validates: unique names, producers for every read, no cycles
         assert isinstance(flow, Dataflow)
         names = {n.name for n in flow.nodes}
-        assert {"generate", "update_actor"} <= names, f"the dataflow needs 'generate' and 'update_actor'; has {names}"
+        assert "update_actor" in names, f"the dataflow needs an 'update_actor' node; has {names}"
+        # Generation, or a node building the batch from data (offline algorithms), comes first.
+        assert flow.nodes and BATCH in flow.nodes[0].writes, (
+            f"the first node must produce the batch (writes=('batch',)); it is {flow.nodes[0].name!r}")
         roles = {n.role for n in flow.nodes}
         needs = algorithm.requirements()
         if needs.critic:
