@@ -88,3 +88,38 @@ def test_plugins_list_imports_no_engine():
             "print(sorted(m for m in ('torch', 'vllm', 'sglang', 'megatron', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_export_loads_with_identical_logits(tmp_path, run_verl):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_core.trainer import Trainer
+
+    trainer = Trainer.from_config(overrides=[*FAST, "run.loggers=[]", "run.val_before_train=false",
+                                             "data.max_val_samples=8", "run.max_steps=1",
+                                             f"run.output_dir='{tmp_path / 'run'}'"])
+    trainer.train()
+    res = run_verl("export", str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = torch.tensor([tok.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)])
+    with torch.no_grad(), trainer.actor.gather_for_generation() as live:
+        expected = live(input_ids=ids).logits
+        got = model(input_ids=ids).logits
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.slow
+def test_ppo_runs_with_critic_and_reference(tmp_path, run_verl):
+    out = tmp_path / "ppo"
+    res = run_verl("run", "--algo", "ppo", "--max-steps", "2", "--output-dir", str(out), *FAST)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "ppo/actor_loss" in r]
+    assert len(train) == 2
+    assert "critic/value_loss" in train[0] and "actor/ref_kl" in train[0]
+    assert (out / "checkpoints" / "step_000002" / "critic").is_dir()
