@@ -25,6 +25,7 @@ __all__ = [
     "group_normalized_advantages",
     "gae_advantages",
     "ppo_clip_loss",
+    "policy_regularizers",
     "ppo_policy_loss",
     "clipped_value_loss",
 ]
@@ -160,9 +161,11 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
 
 def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                   response_mask: torch.Tensor, *, clip_low: float, clip_high: float, clip_c: float = 0.0,
-                  agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  agg_mode: str = "token-mean", norm_length: int | None = None,
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al., arXiv:1707.06347), asymmetric clip (DAPO) and
-    optional dual clip for negative advantages (Ye et al., arXiv:1912.09729)."""
+    optional dual clip for negative advantages (Ye et al., arXiv:1912.09729). ``norm_length`` is
+    passed to :func:`agg_loss`."""
     log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
@@ -178,28 +181,51 @@ def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
         "approx_kl": masked_mean(-log_ratio, mask).detach(),
         "ratio_mean": masked_mean(ratio, mask).detach(),
     }
-    return agg_loss(loss, mask, agg_mode), stats
+    return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
+
+
+def policy_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None,
+                        ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The KL-to-reference loss and entropy bonus an :class:`AlgorithmConfig` asks for.
+
+    Returns the term to add to any policy-gradient loss (0 when neither is enabled) and its
+    metrics, so that a new loss gets the usual ``kl_coef``/``entropy_coef`` knobs for free.
+    """
+    mask = batch.response_mask
+    norm = batch.info.get("max_new_tokens")
+    term = log_probs.new_zeros(())
+    metrics: dict[str, float] = {}
+    if config.kl_coef > 0 and not config.kl_in_reward:
+        if batch.ref_log_probs is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs, but the batch has none")
+        kl = agg_loss(kl_penalty(log_probs, batch.ref_log_probs, config.kl_estimator), mask, config.loss_agg_mode,
+                      norm_length=norm)
+        term = term + config.kl_coef * kl
+        metrics["ppo/kl_loss"] = float(kl.detach())
+    if config.entropy_coef != 0 and entropy is not None:
+        ent = agg_loss(entropy, mask, config.loss_agg_mode, norm_length=norm)
+        term = term - config.entropy_coef * ent
+    if entropy is not None:
+        metrics["ppo/entropy"] = float(masked_mean(entropy.detach(), mask))
+    return term, metrics
 
 
 def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
                     entropy: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The full actor loss: PPO-clip, plus KL-to-reference loss and entropy bonus when enabled."""
+    """The full actor loss: PPO-clip, plus KL-to-reference loss and entropy bonus when enabled.
+
+    ``seq-mean-token-sum-norm`` divides by the rollout's response budget when the batch records
+    it (``info["max_new_tokens"]``): a constant, as Dr. GRPO prescribes, not the batch's width.
+    """
     mask = batch.response_mask
     loss, stats = ppo_clip_loss(log_probs, batch.old_log_probs, batch.advantages, mask,
                                 clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
-                                clip_c=config.clip_ratio_c, agg_mode=config.loss_agg_mode)
+                                clip_c=config.clip_ratio_c, agg_mode=config.loss_agg_mode,
+                                norm_length=batch.info.get("max_new_tokens"))
     metrics = {"ppo/pg_loss": float(loss.detach())}
-    if config.kl_coef > 0 and not config.kl_in_reward:
-        if batch.ref_log_probs is None:
-            raise ValueError("kl_coef > 0 needs reference log-probs, but the batch has none")
-        kl = agg_loss(kl_penalty(log_probs, batch.ref_log_probs, config.kl_estimator), mask, config.loss_agg_mode)
-        loss = loss + config.kl_coef * kl
-        metrics["ppo/kl_loss"] = float(kl.detach())
-    if config.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, mask, config.loss_agg_mode)
-        loss = loss - config.entropy_coef * ent
-    if entropy is not None:
-        metrics["ppo/entropy"] = float(masked_mean(entropy.detach(), mask))
+    extra, extra_metrics = policy_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy)
+    loss = loss + extra
+    metrics.update(extra_metrics)
     metrics.update({f"ppo/{k}": float(v) for k, v in stats.items()})
     metrics["ppo/actor_loss"] = float(loss.detach())
     return loss, metrics
