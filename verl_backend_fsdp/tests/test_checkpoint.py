@@ -1,0 +1,116 @@
+"""FSDP checkpoints: resharding to another world size, and refusing what does not fit."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from verl_core.checkpoint import CheckpointError, CheckpointManager
+from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.testing import make_batch, tiny_model_dir
+
+
+def _loss(*, batch, log_probs, entropy=None, values=None):
+    loss = -(log_probs * batch.advantages * batch.response_mask).sum() / batch.response_mask.sum().clamp(min=1)
+    return loss, {}
+
+
+def _worker(model_dir, rank=0, world_size=1, lr=1e-2):
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    return FSDPBackend(FSDPConfig(lr=lr)).create_worker(
+        role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(rank=rank, world_size=world_size), seed=0)
+
+
+def _save_two_ranks(rank, model_dir, port, ckpt_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    worker = _worker(model_dir, rank, 2)
+    batch = make_batch(batch_size=8, prompt_length=4, response_length=5, vocab_size=16, advantages=True, seed=1)
+    worker.update_policy(batch.chunk(2)[rank], loss_fn=_loss, mini_batch_size=0, epochs=1)
+    weights = {k: v.clone() for k, v in worker.iter_weights()}
+    worker.save_state(ckpt_dir)
+    if rank == 0:
+        torch.save(weights, os.path.join(ckpt_dir, "..", "expected.pt"))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_rank_checkpoint_loads_into_one_rank(tmp_path):
+    model_dir = str(tiny_model_dir(tmp_path))
+    ckpt = tmp_path / "ckpt" / "actor"
+    ckpt.parent.mkdir()
+    mp.start_processes(_save_two_ranks, args=(model_dir, _free_port(), str(ckpt)), nprocs=2, join=True,
+                       start_method="spawn")
+    expected = torch.load(tmp_path / "ckpt" / "expected.pt")
+    worker = _worker(model_dir)
+    worker.load_state(str(ckpt))
+    got = dict(worker.iter_weights())
+    for k, v in expected.items():
+        assert torch.equal(got[k], v), k
+    # The optimizer state came along: the next update works and is finite.
+    batch = make_batch(batch_size=4, prompt_length=4, response_length=5, vocab_size=16, advantages=True, seed=2)
+    metrics = worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    assert torch.isfinite(torch.tensor(metrics["actor/grad_norm"]))
+    assert worker.optimizer_steps == 2
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    from verl_core.tasks.arithmetic import build_model, build_tokenizer
+
+    small_dir = str(tiny_model_dir(tmp_path))
+    worker = _worker(small_dir)
+    worker.save_state(str(tmp_path / "small"))
+    tok = build_tokenizer()
+    config = build_model(tok, seed=0).config.to_dict()
+    config.update(intermediate_size=config["intermediate_size"] * 2)  # same names, other shapes
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    bigger_dir = tmp_path / "other"
+    Qwen2ForCausalLM(Qwen2Config(**config)).save_pretrained(bigger_dir)
+    tok.save_pretrained(bigger_dir)
+    with pytest.raises(ValueError, match="different model"):
+        _worker(str(bigger_dir)).load_state(str(tmp_path / "small"))
+
+
+def test_corrupt_or_half_written_checkpoints_are_never_taken(tmp_path):
+    manager = CheckpointManager(tmp_path)
+
+    def write(d):
+        (d / "weights.bin").write_bytes(b"x" * 100)
+
+    good = manager.save(1, write, info={})
+
+    def crash(d):
+        (d / "weights.bin").write_bytes(b"partial")
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError):
+        manager.save(2, crash, info={})
+    assert manager.latest() == good  # the half-written step 2 is invisible
+    assert [p.name for p in manager.complete()] == ["step_000001"]
+
+    (good / "weights.bin").write_bytes(b"y" * 100)  # same size, different bytes
+    with pytest.raises(CheckpointError, match="corrupt"):
+        CheckpointManager.verify(good)
+    (good / "weights.bin").unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        CheckpointManager.verify(good)
+
+
+def test_keep_prunes_old_checkpoints(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        manager.save(step, lambda d: (d / "f").write_text("x"), info={})
+    assert [p.name for p in manager.complete()] == ["step_000002", "step_000003"]
+    assert CheckpointManager.resolve(tmp_path).name == "step_000003"
