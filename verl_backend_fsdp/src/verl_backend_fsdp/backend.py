@@ -53,6 +53,8 @@ class FSDPConfig(BackendConfig):
         activation_checkpointing: recompute layer activations in backward to save memory.
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU (GPU runs).
         reshard_after_forward: free gathered parameters after each layer's forward.
+        micro_batch_max_tokens: dynamic batching: pack consecutive samples into micro-batches of
+            at most this many real tokens instead of a fixed ``micro_batch_size`` (0 disables).
     """
 
     param_dtype: str = "float32"
@@ -60,6 +62,7 @@ class FSDPConfig(BackendConfig):
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     reshard_after_forward: bool = True
+    micro_batch_max_tokens: int = 0
 
     def validate(self) -> None:
         super().validate()
@@ -178,8 +181,25 @@ class FSDPWorker(TrainingWorker):
                              f"{batch.response_ids.shape[1]}) exceeds the model's max_position_embeddings="
                              f"{self.max_positions}; lower data.max_prompt_length or rollout.max_new_tokens")
 
+    def _micro_batches(self, batch: Batch, size: int) -> list[Batch]:
+        """Micro-batches of ``size`` samples, or packed up to the token budget when one is set."""
+        budget = self.config.micro_batch_max_tokens
+        if not budget:
+            return list(batch.split(size))
+        lengths = (batch.prompt_mask.sum(-1) + batch.response_attention_mask.sum(-1)).tolist()
+        groups: list[list[int]] = [[]]
+        tokens = 0
+        for i, n in enumerate(lengths):
+            if groups[-1] and tokens + n > budget:
+                groups.append([])
+                tokens = 0
+            groups[-1].append(i)
+            tokens += n
+        return [batch.select(g) for g in groups]
+
     def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) of the response tokens, ``[B, R]``."""
+        """Log-probs (and entropy) of the response tokens, ``[B, R']`` for the padding-trimmed
+        batch (callers pass a batch already trimmed with :meth:`Batch.trim_padding`)."""
         input_ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -214,11 +234,12 @@ class FSDPWorker(TrainingWorker):
         self._check_length(batch)
         self.module.train(False)
         lps, ents = [], []
-        for micro in batch.split(self.config.log_prob_micro_batch_size):
-            lp, ent = self._forward(micro, with_entropy=with_entropy)
-            lps.append(lp.cpu())
+        width = batch.response_length
+        for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
+            lp, ent = self._forward(micro.trim_padding(), with_entropy=with_entropy)
+            lps.append(_pad_right(lp.cpu(), width))
             if ent is not None:
-                ents.append(ent.cpu())
+                ents.append(_pad_right(ent.cpu(), width))
         return LogProbs(torch.cat(lps), torch.cat(ents) if with_entropy else None)
 
     @torch.no_grad()
@@ -226,13 +247,16 @@ class FSDPWorker(TrainingWorker):
         if self.role is not Role.CRITIC:
             return super().compute_values(batch)
         self.module.train(False)
-        return torch.cat([self._values_forward(m).cpu() for m in batch.split(self.config.log_prob_micro_batch_size)])
+        width = batch.response_length
+        return torch.cat([_pad_right(self._values_forward(m.trim_padding()).cpu(), width)
+                          for m in self._micro_batches(batch, self.config.log_prob_micro_batch_size)])
 
     def update_policy(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
         if self.role is not Role.ACTOR:
             return super().update_policy(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
 
         def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            micro = micro.trim_padding()
             lp, ent = self._forward(micro, with_entropy=True)
             return loss_fn(batch=micro, log_probs=lp, entropy=ent)
 
@@ -241,8 +265,11 @@ class FSDPWorker(TrainingWorker):
     def update_values(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
         if self.role is not Role.CRITIC:
             return super().update_values(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
-        return self._optimize(batch, lambda m: loss_fn(batch=m, values=self._values_forward(m)), mini_batch_size,
-                              epochs, prefix="critic")
+        def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            micro = micro.trim_padding()
+            return loss_fn(batch=micro, values=self._values_forward(micro))
+
+        return self._optimize(batch, micro_loss, mini_batch_size, epochs, prefix="critic")
 
     def _optimize(self, batch: Batch, micro_loss: Any, mini_batch_size: int, epochs: int, *,
                   prefix: str) -> dict[str, float]:
@@ -255,7 +282,7 @@ class FSDPWorker(TrainingWorker):
         for _ in range(epochs):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in mb.split(self.config.micro_batch_size):
+                for micro in self._micro_batches(mb, self.config.micro_batch_size):
                     loss, metrics = micro_loss(micro)
                     if not torch.isfinite(loss):
                         self.optimizer.zero_grad(set_to_none=True)
@@ -400,6 +427,11 @@ class FSDPWorker(TrainingWorker):
 
     def close(self) -> None:
         self.optimizer = None
+
+
+def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad ``[B, r]`` to ``[B, width]`` (outputs of padding-trimmed micro-batches)."""
+    return t if t.shape[1] == width else torch.nn.functional.pad(t, (0, width - t.shape[1]))
 
 
 def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:

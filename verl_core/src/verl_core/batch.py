@@ -138,6 +138,21 @@ class Batch:
         bounds = [n * i // parts for i in range(parts + 1)]
         return [self.select(range(bounds[i], bounds[i + 1])) for i in range(parts)]
 
+    def trim_padding(self) -> "Batch":
+        """Drop prompt columns that are padding in every row and response columns past the
+        longest response, so compute is not spent on padding. Right-pad results back to
+        ``response_length`` of the original batch where a full-width output is needed."""
+        prompt_cols = torch.nonzero(self.prompt_mask.any(0)).flatten()
+        start = int(prompt_cols[0]) if prompt_cols.numel() else self.prompt_ids.shape[1] - 1
+        resp_cols = torch.nonzero(self.response_attention_mask.any(0)).flatten()
+        width = int(resp_cols[-1]) + 1 if resp_cols.numel() else 1
+        changes: dict[str, Any] = {}
+        for name, t in self.tensors().items():
+            if t.dim() != 2:
+                continue
+            changes[name] = t[:, start:] if name.startswith("prompt") else t[:, :width]
+        return dataclasses.replace(self, **changes)
+
     @classmethod
     def concat(cls, batches: Sequence["Batch"]) -> "Batch":
         """Join batches sample-wise; response/prompt widths are padded to the widest."""

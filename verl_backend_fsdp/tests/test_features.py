@@ -1,0 +1,52 @@
+"""FSDP backend features: dynamic (token-budget) micro-batches and padding removal."""
+
+import pytest
+import torch
+
+from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.testing import make_batch, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(tiny_model_dir(tmp_path_factory.mktemp("m")))
+
+
+def _worker(model_dir, **cfg):
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    return FSDPBackend(FSDPConfig(**cfg)).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                                         world=WorldInfo(threads=1), seed=0)
+
+
+def test_token_budget_micro_batches_give_the_same_log_probs(model_dir):
+    batch = make_batch(batch_size=12, prompt_length=7, response_length=9, vocab_size=16, seed=3)
+    fixed = _worker(model_dir, log_prob_micro_batch_size=12)
+    packed = _worker(model_dir, micro_batch_max_tokens=40)
+    micro = packed._micro_batches(batch, 12)
+    assert len(micro) > 1 and sum(len(m) for m in micro) == 12
+    lengths = [int(m.prompt_mask.sum() + m.response_attention_mask.sum()) for m in micro]
+    assert all(n <= 40 or len(m) == 1 for n, m in zip(lengths, micro))
+    a = fixed.compute_log_probs(batch).log_probs
+    b = packed.compute_log_probs(batch).log_probs
+    mask = batch.response_attention_mask.bool()
+    assert a.shape == b.shape == batch.response_ids.shape
+    assert (a[mask] - b[mask]).abs().max() < 1e-5
+
+
+def test_trim_padding_drops_only_padding():
+    batch = make_batch(batch_size=4, prompt_length=6, response_length=8, seed=0)
+    # Make every row shorter than the widths: one extra padded column on each side.
+    wide = batch.replace(
+        prompt_ids=torch.nn.functional.pad(batch.prompt_ids, (1, 0)),
+        prompt_mask=torch.nn.functional.pad(batch.prompt_mask, (1, 0)),
+        response_ids=torch.nn.functional.pad(batch.response_ids, (0, 2)),
+        response_attention_mask=torch.nn.functional.pad(batch.response_attention_mask, (0, 2)),
+        response_mask=torch.nn.functional.pad(batch.response_mask, (0, 2)),
+        old_log_probs=torch.nn.functional.pad(batch.old_log_probs, (0, 2)),
+        rollout_log_probs=None,
+    )
+    trimmed = wide.trim_padding()
+    assert torch.equal(trimmed.prompt_ids, batch.prompt_ids)
+    assert torch.equal(trimmed.response_ids, batch.response_ids)
+    assert torch.equal(trimmed.old_log_probs, batch.old_log_probs)
