@@ -50,3 +50,43 @@ def test_trim_padding_drops_only_padding():
     assert torch.equal(trimmed.prompt_ids, batch.prompt_ids)
     assert torch.equal(trimmed.response_ids, batch.response_ids)
     assert torch.equal(trimmed.old_log_probs, batch.old_log_probs)
+
+
+def _loss(*, batch, log_probs, entropy=None, values=None):
+    loss = -(log_probs * batch.advantages * batch.response_mask).sum() / batch.response_mask.sum().clamp(min=1)
+    return loss, {}
+
+
+def test_lora_trains_adapters_syncs_merged_weights_and_reference_is_the_base(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from verl_backend_fsdp.backend import AdapterOffReference, FSDPBackend, FSDPConfig
+
+    backend = FSDPBackend(FSDPConfig(lr=5e-2, lora_rank=4, lora_alpha=8))
+    actor = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1),
+                                  seed=0)
+    reference = backend.create_worker(role=Role.REFERENCE, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1),
+                                      seed=0)
+    assert isinstance(reference, AdapterOffReference)  # no second copy of the model
+    base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    merged = dict(actor.iter_weights())
+    assert merged.keys() == base.keys()  # plain Hugging Face names, adapters folded in
+    assert all(torch.equal(merged[k], base[k]) for k in base)  # LoRA B starts at zero
+
+    batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, advantages=True, seed=4)
+    ref_before = reference.compute_log_probs(batch).log_probs
+    for _ in range(3):
+        actor.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    merged = dict(actor.iter_weights())
+    changed = [k for k in base if not torch.equal(merged[k], base[k])]
+    assert changed and all("proj" in k for k in changed)  # only adapted projections moved
+    assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    mask = batch.response_attention_mask.bool()
+    assert torch.equal(reference.compute_log_probs(batch).log_probs[mask], ref_before[mask])
+    assert (actor.compute_log_probs(batch).log_probs[mask] - ref_before[mask]).abs().max() > 1e-4
+
+    actor.export_hf(str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad(), actor.gather_for_generation() as live:
+        ids = batch.input_ids[:2]
+        assert (exported(input_ids=ids).logits - live(input_ids=ids).logits).abs().max() < 1e-5

@@ -13,7 +13,7 @@ import math
 import os
 import random
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -55,6 +55,12 @@ class FSDPConfig(BackendConfig):
         reshard_after_forward: free gathered parameters after each layer's forward.
         micro_batch_max_tokens: dynamic batching: pack consecutive samples into micro-batches of
             at most this many real tokens instead of a fixed ``micro_batch_size`` (0 disables).
+        lora_rank: train LoRA adapters of this rank on the actor instead of all weights (0 disables;
+            needs ``peft``). Rollout engines receive merged weights; the reference policy is the
+            actor with its adapters switched off, so no second copy of the model is loaded.
+        lora_alpha: LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_rank``).
+        lora_dropout: dropout on the LoRA path.
+        lora_target_modules: module names that get adapters.
     """
 
     param_dtype: str = "float32"
@@ -63,12 +69,21 @@ class FSDPConfig(BackendConfig):
     cpu_offload: bool = False
     reshard_after_forward: bool = True
     micro_batch_max_tokens: int = 0
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
     def validate(self) -> None:
         super().validate()
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(self, key) not in _DTYPES:
                 raise ValueError(f"{key}: must be one of {sorted(_DTYPES)}")
+        if self.lora_rank < 0:
+            raise ValueError("lora_rank: must be >= 0 (0 trains all weights)")
+        if self.micro_batch_max_tokens < 0:
+            raise ValueError("micro_batch_max_tokens: must be >= 0 (0 uses micro_batch_size)")
 
 
 class FSDPBackend(TrainingBackend):
@@ -76,8 +91,20 @@ class FSDPBackend(TrainingBackend):
 
     Config = FSDPConfig
 
-    def create_worker(self, *, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> "FSDPWorker":
-        return FSDPWorker(config=self.config, role=Role(role), model=model, world=world, seed=seed)
+    def __init__(self, config: FSDPConfig) -> None:
+        super().__init__(config)
+        self._actors: dict[int, FSDPWorker] = {}
+
+    def create_worker(self, *, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> TrainingWorker:
+        role = Role(role)
+        actor = self._actors.get(world.rank)
+        if role is Role.REFERENCE and actor is not None and actor.lora:
+            # With LoRA the frozen base model *is* the reference policy: reuse it, no second copy.
+            return AdapterOffReference(actor)
+        worker = FSDPWorker(config=self.config, role=role, model=model, world=world, seed=seed)
+        if role is Role.ACTOR:
+            self._actors[world.rank] = worker
+        return worker
 
 
 def _ensure_process_group(world: WorldInfo) -> None:
@@ -131,6 +158,9 @@ class FSDPWorker(TrainingWorker):
         self.device = torch.device(world.device)
         module = _load_module(model, role)
         self.max_positions = getattr(module.config, "max_position_embeddings", None)
+        self.lora = config.lora_rank > 0 and role is Role.ACTOR
+        if self.lora:
+            module = _add_lora(module, config)
         if config.activation_checkpointing and role is not Role.REFERENCE:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         from torch.distributed.device_mesh import init_device_mesh
@@ -151,7 +181,8 @@ class FSDPWorker(TrainingWorker):
         self.optimizer_steps = 0
         if self.trainable:
             lr = config.lr if role is Role.ACTOR else config.critic_lr
-            self.optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=tuple(config.betas), eps=config.eps,
+            trainable = [p for p in module.parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(config.betas), eps=config.eps,
                                                weight_decay=config.weight_decay)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         else:
@@ -337,9 +368,22 @@ class FSDPWorker(TrainingWorker):
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         # One parameter gathered at a time: never a second full copy of the model.
-        for name, tensor in self.module.state_dict().items():
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            yield name, full.detach()
+        state = self.module.state_dict()
+        if not self.lora:
+            for name, tensor in state.items():
+                yield name, _full(tensor)
+            return
+        scale = self.config.lora_alpha / self.config.lora_rank
+        for name, tensor in state.items():
+            if ".lora_" in name:
+                continue
+            weight = _full(tensor)
+            if name.endswith(".base_layer.weight"):
+                prefix = name[: -len("base_layer.weight")]
+                lora_a, lora_b = _full(state[prefix + "lora_A.default.weight"]), _full(state[prefix + "lora_B.default.weight"])
+                weight = (weight.float() + scale * (lora_b.float() @ lora_a.float())).to(weight.dtype)
+            # Hugging Face names, as an inference engine expects them.
+            yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight
 
     def peak_memory_gb(self) -> float:
         if self.device.type == "cuda":
@@ -411,7 +455,10 @@ class FSDPWorker(TrainingWorker):
     def export_hf(self, path: str) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.lora:
+            full = dict(self.iter_weights())  # merged adapters, plain Hugging Face names
+        else:
+            full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.world.rank != 0:
             return
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -427,6 +474,39 @@ class FSDPWorker(TrainingWorker):
 
     def close(self) -> None:
         self.optimizer = None
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
+
+
+def _add_lora(module: torch.nn.Module, config: FSDPConfig) -> torch.nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ImportError("backend.lora_rank > 0 needs peft: pip install 'verl-backend-fsdp[lora]'") from exc
+    return get_peft_model(module, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                             lora_dropout=config.lora_dropout,
+                                             target_modules=list(config.lora_target_modules), bias="none"))
+
+
+class AdapterOffReference(TrainingWorker):
+    """The reference policy of a LoRA actor: the actor's module with its adapters switched off."""
+
+    role = Role.REFERENCE
+
+    def __init__(self, actor: "FSDPWorker") -> None:
+        self.actor = actor
+
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> LogProbs:
+        with self.actor.module.disable_adapter():
+            return self.actor.compute_log_probs(batch, with_entropy=with_entropy)
+
+    def save_state(self, path: str) -> None:
+        """Nothing to save: the base weights are in the actor's checkpoint."""
+
+    def load_state(self, path: str) -> None:
+        """Nothing to load: see :meth:`save_state`."""
 
 
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
