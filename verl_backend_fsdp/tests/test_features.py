@@ -90,3 +90,18 @@ def test_lora_trains_adapters_syncs_merged_weights_and_reference_is_the_base(mod
     with torch.no_grad(), actor.gather_for_generation() as live:
         ids = batch.input_ids[:2]
         assert (exported(input_ids=ids).logits - live(input_ids=ids).logits).abs().max() < 1e-5
+
+
+def test_lora_actor_can_generate_before_any_forward(model_dir):
+    # The first call on a fresh LoRA actor is a rollout: generate() must enter FSDP through the root.
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.interfaces import SamplingParams
+    from verl_core.rollout_hf import HFRollout
+    from verl_core.tasks.arithmetic import build_tokenizer
+
+    actor = FSDPBackend(FSDPConfig(lora_rank=4)).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                                                 world=WorldInfo(threads=1), seed=0)
+    engine = HFRollout(config=HFRollout.Config(), model=ModelSpec(path=model_dir), tokenizer=build_tokenizer(),
+                       actor=actor)
+    out = engine.generate([[1, 5, 6, 14]], sampling=SamplingParams(n=2, max_new_tokens=3, seed=0))
+    assert len(out.response_ids) == 2 and all(1 <= len(r) <= 3 for r in out.response_ids)

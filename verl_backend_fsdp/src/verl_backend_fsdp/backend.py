@@ -19,7 +19,13 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from verl_core.batch import Batch
 from verl_core.interfaces import (
@@ -140,11 +146,28 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
         if hasattr(module, "score"):
             torch.nn.init.zeros_(module.score.weight)  # start from value 0 everywhere, not noise
         return module
+    if role is Role.REWARD_MODEL:
+        return _load_reward_model(spec, dtype, hf_config)
     try:
         return AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code)
     except ValueError as exc:
         raise ValueError(f"model.path: {spec.path!r} is not a causal language model "
                          f"({hf_config.model_type}): {exc}") from exc
+
+
+def _load_reward_model(spec: ModelSpec, dtype: torch.dtype, hf_config: Any) -> torch.nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        module = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype,
+                                                                    trust_remote_code=spec.trust_remote_code)
+    except ValueError as exc:
+        raise ValueError(f"reward.model_path: {spec.path!r} is not a sequence-classification model "
+                         f"({hf_config.model_type}): {exc}") from exc
+    if module.config.num_labels != 1:
+        raise ValueError(f"reward.model_path: {spec.path!r} has num_labels={module.config.num_labels}; a reward "
+                         f"model gives one score per sequence (num_labels=1)")
+    return module
 
 
 class FSDPWorker(TrainingWorker):
@@ -173,6 +196,8 @@ class FSDPWorker(TrainingWorker):
         for layer in _decoder_layers(module):
             fully_shard(layer, **kwargs)
         fully_shard(module, **kwargs)
+        # generate() must enter through the root like forward() does (lazy init, root params).
+        register_fsdp_forward_method(module, "generate")
         self.module = module
         self.trainable = role in (Role.ACTOR, Role.CRITIC)
         self.module.train(False)
@@ -281,6 +306,35 @@ class FSDPWorker(TrainingWorker):
         width = batch.response_length
         return torch.cat([_pad_right(self._values_forward(m.trim_padding()).cpu(), width)
                           for m in self._micro_batches(batch, self.config.log_prob_micro_batch_size)])
+
+    @torch.no_grad()
+    def compute_scores(self, batch: Batch) -> torch.Tensor:
+        if self.role is not Role.REWARD_MODEL:
+            return super().compute_scores(batch)
+        self._check_length(batch)
+        self.module.train(False)
+        return torch.cat([self._scores_forward(m.trim_padding()).cpu()
+                          for m in self._micro_batches(batch, self.config.log_prob_micro_batch_size)])
+
+    def _scores_forward(self, batch: Batch) -> torch.Tensor:
+        input_ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        # HF pools at the rightmost token that is not the pad id, which is wrong when pad == eos ends a
+        # response: take the per-token head output and read it at each row's last attended position.
+        head = getattr(self.module, "score", None)
+        captured: dict[str, torch.Tensor] = {}
+        hook = head.register_forward_hook(lambda _m, _a, out: captured.setdefault("logits", out)) if head else None
+        try:
+            out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
+        finally:
+            if hook is not None:
+                hook.remove()
+        per_token = captured.get("logits")
+        if per_token is None or per_token.dim() != 3:
+            return out.logits[:, 0].float()
+        last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)
+        return per_token[torch.arange(per_token.shape[0], device=per_token.device), last, 0].float()
 
     def update_policy(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
         if self.role is not Role.ACTOR:
