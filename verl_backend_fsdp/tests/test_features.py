@@ -105,3 +105,33 @@ def test_lora_actor_can_generate_before_any_forward(model_dir):
                        actor=actor)
     out = engine.generate([[1, 5, 6, 14]], sampling=SamplingParams(n=2, max_new_tokens=3, seed=0))
     assert len(out.response_ids) == 2 and all(1 <= len(r) <= 3 for r in out.response_ids)
+
+
+def test_bad_model_paths_are_clear_errors(tmp_path, model_dir):
+    with pytest.raises(FileNotFoundError, match="model.path: .* does not exist"):
+        _worker(str(tmp_path / "missing"))
+    from transformers import ViTConfig, ViTModel
+
+    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                       image_size=8, patch_size=4)).save_pretrained(tmp_path / "vit")
+    with pytest.raises(ValueError, match="not a causal language model"):
+        _worker(str(tmp_path / "vit"))
+
+
+def test_sequence_longer_than_the_model_is_refused(model_dir):
+    worker = _worker(model_dir)
+    batch = make_batch(batch_size=2, prompt_length=40, response_length=40, seed=0)
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        worker.compute_log_probs(batch)
+
+
+def test_out_of_memory_names_the_knobs(model_dir):
+    worker = _worker(model_dir, micro_batch_size=4)
+    batch = make_batch(batch_size=4, prompt_length=4, response_length=4, vocab_size=16, advantages=True, seed=0)
+
+    def oom_loss(*, batch, log_probs, entropy=None, values=None):
+        # What the CUDA caching allocator raises when a micro-batch does not fit.
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(torch.OutOfMemoryError, match="lower backend.micro_batch_size \\(now 4\\)"):
+        worker.update_policy(batch, loss_fn=oom_loss, mini_batch_size=0, epochs=1)

@@ -368,13 +368,15 @@ class FSDPWorker(TrainingWorker):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in self._micro_batches(mb, self.config.micro_batch_size):
-                    loss, metrics = micro_loss(micro)
+                    with self._oom_advice(micro, prefix):
+                        loss, metrics = micro_loss(micro)
                     if not torch.isfinite(loss):
                         self.optimizer.zero_grad(set_to_none=True)
                         raise TrainingDivergedError(
                             f"{prefix} loss is {float(loss.detach())} at optimizer step {self.optimizer_steps + 1}; the update "
                             f"was not applied (lower backend.lr, or check the rewards for NaN)")
-                    (loss * (len(micro) / len(mb))).backward()
+                    with self._oom_advice(micro, prefix):
+                        (loss * (len(micro) / len(mb))).backward()
                     for k, v in metrics.items():
                         sums[k] = sums.get(k, 0.0) + v
                     count += 1
@@ -392,6 +394,19 @@ class FSDPWorker(TrainingWorker):
         out[f"{prefix}/lr"] = self.scheduler.get_last_lr()[0]
         self.module.train(False)
         return out
+
+    @contextlib.contextmanager
+    def _oom_advice(self, micro: Batch, what: str) -> Iterator[None]:
+        """Turn an out-of-memory error into one that names the knobs to turn."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            width = micro.prompt_ids.shape[1] + micro.response_length
+            raise torch.OutOfMemoryError(
+                f"out of memory in the {what} update on a micro-batch of {len(micro)} samples x {width} tokens: "
+                f"lower backend.micro_batch_size (now {self.config.micro_batch_size}) or set "
+                f"backend.micro_batch_max_tokens, or enable backend.activation_checkpointing / backend.cpu_offload"
+            ) from exc
 
     def _clip_grad(self) -> float:
         params = [p for p in self.module.parameters() if p.grad is not None]
