@@ -1,0 +1,374 @@
+"""The ``vllm`` rollout engine: a real vLLM ``LLM`` running in the worker's own process.
+
+Generation goes through ``LLM.generate`` with prompts given as token ids (``TokensPrompt``), so
+what the trainer tokenised is exactly what vLLM sees. After every policy update the trainer's
+weights are streamed into the engine in place, through the worker's ``reload_weights`` (the
+supported path: on CPU, ``model.load_weights`` fails once vLLM has repacked the linear layers),
+and the prefix cache is reset so that no KV entry computed with old weights is reused.
+
+By default the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts in about
+8 s instead of 30-50 s on a CPU, and the weight stream passes as tensors without a copy through a
+file. With ``multiprocessing = true`` (tensor parallelism, say) the weights go through a
+safetensors file in a temporary directory instead, because tensors do not survive vLLM's RPC.
+
+vLLM is imported in :class:`VLLMRollout`'s constructor, never at module import: resolving a config
+imports this module, and that must work (and fail with an install command at validation) on a
+machine without vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+
+from verl_rollout_vllm._install import INSTALL_HINT, explain_start_failure, import_vllm, vllm_available
+
+__all__ = ["VLLMRollout", "VLLMRolloutConfig", "VLLMStartError", "WeightSyncError"]
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+
+
+class VLLMStartError(RuntimeError):
+    """The vLLM engine could not start (memory, KV cache size, a broken install, ...)."""
+
+
+class WeightSyncError(RuntimeError):
+    """Loading new weights into the engine failed; the engine cannot be used any more."""
+
+
+@dataclass
+class VLLMRolloutConfig(RolloutConfig):
+    """Settings of the vLLM rollout (the ``[rollout]`` section with ``name = "vllm"``).
+
+    Attributes:
+        dtype: engine dtype (``"float32"``, ``"bfloat16"``, ...); empty means the model's dtype
+            (``model.dtype``). Compare log-probs with the trainer in float32.
+        kv_cache_gb: KV cache size in GiB. On CPU vLLM needs an explicit size (the environment
+            variable ``VLLM_CPU_KVCACHE_SPACE``, when set, overrides this); 0 on GPU means "use
+            ``gpu_memory_utilization``".
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only, when
+            ``kv_cache_gb`` is 0).
+        enforce_eager: run without CUDA graphs / compilation. Unset means true on CPU (compiling
+            took 100+ s and was not faster for small models) and false on GPU.
+        max_model_len: longest prompt plus response in tokens; 0 takes the model's limit.
+        max_num_seqs: most sequences vLLM schedules at once; 0 keeps vLLM's default.
+        enable_prefix_caching: reuse the KV of shared prompt prefixes (the n samples of a prompt).
+        tensor_parallel_size: GPUs per engine.
+        multiprocessing: run vLLM's engine core in a child process. Off by default: in-process
+            starts faster and lets the weight stream pass as tensors.
+        enable_sleep_mode: free weights and KV cache between rollouts (GPU only; vLLM does not
+            support sleep mode on CPU, where release/reacquire are no-ops).
+        engine_seed: seed of the engine's own RNG (each request also gets its own seed).
+        log_level: vLLM's log level (``VLLM_LOGGING_LEVEL``) while the engine starts and runs.
+        engine_kwargs: extra keyword arguments for ``vllm.LLM`` (they win over the fields above).
+    """
+
+    dtype: str = ""
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool | None = None
+    max_model_len: int = 0
+    max_num_seqs: int = 0
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    multiprocessing: bool = False
+    enable_sleep_mode: bool = False
+    engine_seed: int = 0
+    log_level: str = "WARNING"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.kv_cache_gb < 0:
+            raise ValueError("kv_cache_gb: must be >= 0 GiB")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization: must be in (0, 1]")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size: must be at least 1")
+        if self.max_model_len < 0 or self.max_num_seqs < 0:
+            raise ValueError("max_model_len/max_num_seqs: must be >= 0 (0 keeps vLLM's default)")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("log_level: must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        # Selecting the engine is the moment to say vLLM is missing: before any model loads.
+        if not vllm_available():
+            raise ValueError(f"the vllm rollout needs vLLM, which is not installed: {INSTALL_HINT}")
+
+
+class VLLMRollout(RolloutEngine):
+    """Rollouts from a vLLM engine in this process, with in-place weight sync.
+
+    Attributes:
+        last_sync_seconds: wall time of the last :meth:`load_weights` (reload plus cache reset).
+        on_cpu: True when vLLM runs on its CPU backend.
+
+    Example:
+        >>> engine = VLLMRollout(config=VLLMRolloutConfig(), model=ModelSpec(path=model_dir),
+        ...                      tokenizer=tokenizer)  # doctest: +SKIP
+        >>> out = engine.generate([[1, 5, 6, 14, 7, 8, 15]], sampling=SamplingParams(n=4))  # doctest: +SKIP
+    """
+
+    Config = VLLMRolloutConfig
+    shares_actor_weights = False
+    supports_memory_release = False
+
+    def __init__(self, *, config: VLLMRolloutConfig, model: ModelSpec, tokenizer: Any, actor: Any = None,
+                 world: WorldInfo = WorldInfo()) -> None:
+        super().__init__(config=config, model=model, tokenizer=tokenizer, actor=actor, world=world)
+        self.last_sync_seconds = 0.0
+        self._broken: str | None = None
+        self._tmp_dirs: list[str] = []
+        self._stop_ids = _eos_ids(tokenizer)
+        self._llm = self._start()
+        self.on_cpu = self._platform_is_cpu()
+        # Sleep mode is a GPU feature: on CPU vLLM's sleep() is a silent no-op, so say so honestly.
+        self.supports_memory_release = bool(config.enable_sleep_mode and not self.on_cpu)
+
+    # ------------------------------------------------------------------ start-up
+    def _start(self) -> Any:
+        cfg = self.config
+        # Environment first: vLLM reads these when the engine is created.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.multiprocessing else "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", cfg.log_level.upper())
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        env_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+        if on_cpu and env_kv and float(env_kv) != cfg.kv_cache_gb:
+            logger.warning("VLLM_CPU_KVCACHE_SPACE=%s GiB overrides rollout.kv_cache_gb=%s", env_kv, cfg.kv_cache_gb)
+        if on_cpu and cfg.kv_cache_gb <= 0 and not env_kv:
+            raise VLLMStartError("rollout.kv_cache_gb: vLLM on CPU needs an explicit KV cache size; set it to a "
+                                 "number of GiB, e.g. rollout.kv_cache_gb=1")
+        path = self._model_dir()
+        kwargs: dict[str, Any] = dict(
+            model=path,
+            tokenizer=self.model.tokenizer_path or path,
+            dtype=cfg.dtype or self.model.dtype,
+            seed=cfg.engine_seed,
+            trust_remote_code=self.model.trust_remote_code,
+            enforce_eager=on_cpu if cfg.enforce_eager is None else cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            # Log-probs of the model's distribution before temperature/top-k/top-p, the quantity
+            # the training backend computes for the same tokens.
+            logprobs_mode="raw_logprobs",
+        )
+        if cfg.max_model_len:
+            kwargs["max_model_len"] = cfg.max_model_len
+        if cfg.max_num_seqs:
+            kwargs["max_num_seqs"] = cfg.max_num_seqs
+        if cfg.kv_cache_gb > 0:
+            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * _GIB)
+        if not on_cpu:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = cfg.enable_sleep_mode
+        kwargs.update(cfg.engine_kwargs)
+        start = time.perf_counter()
+        try:
+            with _host_state_preserved():
+                llm = vllm.LLM(**kwargs)
+        except Exception as exc:
+            raise VLLMStartError(
+                f"the vLLM engine could not start for model {path!r} ({type(exc).__name__}: {exc}); "
+                f"{explain_start_failure(exc)}") from exc
+        self.startup_seconds = time.perf_counter() - start
+        return llm
+
+    @staticmethod
+    def _platform_is_cpu() -> bool:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+
+    def _model_dir(self) -> str:
+        """A directory vLLM can load: the model path, or the in-memory module written out once."""
+        spec = self.model
+        if spec.path and (Path(spec.path).is_dir() or spec.module is None):
+            return spec.path
+        if spec.module is None:
+            raise VLLMStartError("model.path: the vllm rollout needs a model directory (or a loaded module)")
+        tmp = tempfile.mkdtemp(prefix="verl-vllm-model-")
+        self._tmp_dirs.append(tmp)
+        spec.module.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        return tmp
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
+        self._check_usable()
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        stop_ids = sorted(self._stop_ids | set(sampling.stop_token_ids))
+        # vLLM refuses n > 1 with greedy decoding; greedy samples are identical anyway, so decode
+        # each prompt once and repeat the result.
+        n = 1 if sampling.greedy else sampling.n
+        copies = sampling.n // n
+        requests, params = [], []
+        for i, ids in enumerate(prompt_ids):
+            requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids]))
+            params.append(VLLMSamplingParams(
+                n=n,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                top_k=0 if sampling.greedy or sampling.top_k <= 0 else sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                # vLLM gives the k-th sample of a seeded request seed + k, so prompts are spaced by n
+                # to keep every sample's seed distinct.
+                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                # Stop exactly on the tokenizer's eos plus the requested ids, as every engine does
+                # (not on extra ids from the model's generation config).
+                ignore_eos=True,
+                stop_token_ids=stop_ids,
+                logprobs=0 if sampling.logprobs else None,
+                detokenize=False,
+            ))
+        outputs = self._llm.generate(requests, sampling_params=params, use_tqdm=False)
+        responses: list[list[int]] = []
+        log_probs: list[list[float]] = []
+        reasons: list[str] = []
+        for request in outputs:
+            for sample in sorted(request.outputs, key=lambda s: s.index):
+                ids = list(sample.token_ids)
+                reason = _finish_reason(sample.finish_reason, sample.stop_reason)
+                lps = [float(step[t].logprob) for step, t in zip(sample.logprobs, ids)] if sampling.logprobs else []
+                for _ in range(copies):
+                    # Copies, so that editing one sample never edits its siblings.
+                    responses.append(list(ids))
+                    reasons.append(reason)
+                    log_probs.append(list(lps))
+        return RolloutOutput(responses, log_probs if sampling.logprobs else None, reasons)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights in place with a (HF name, full tensor) stream.
+
+        Raises:
+            WeightSyncError: the reload failed; vLLM's model is then in an unknown state, so the
+                engine refuses further work instead of sampling from half-loaded weights.
+        """
+        self._check_usable()
+        start = time.perf_counter()
+        try:
+            if self.config.multiprocessing:
+                # Tensors arrive as lists through vLLM's inter-process RPC: hand over a file instead.
+                with self._weights_file(weights) as directory:
+                    self._llm.collective_rpc("reload_weights", kwargs={"weights_path": directory,
+                                                                       "is_checkpoint_format": True})
+            else:
+                self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _detached(weights),
+                                                                   "is_checkpoint_format": True})
+        except Exception as exc:
+            self._broken = f"weight sync failed ({type(exc).__name__}: {exc})"
+            raise WeightSyncError(f"loading new weights into vLLM failed: {exc}. The engine is no longer usable; "
+                                  f"check that the trainer's parameter names match the model at "
+                                  f"{self.model.path!r}") from exc
+        # KV blocks cached for shared prefixes were computed with the old weights.
+        self._llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def _weights_file(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[str]:
+        from safetensors.torch import save_file
+
+        directory = tempfile.mkdtemp(prefix="verl-vllm-sync-")
+        try:
+            tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+            save_file(tensors, os.path.join(directory, "model.safetensors"))
+            yield directory
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    # ------------------------------------------------------------------ memory
+    def release_memory(self) -> None:
+        """Put vLLM to sleep (level 1: weights offloaded, KV cache dropped); a no-op on CPU."""
+        if self.supports_memory_release:
+            self._llm.sleep(level=1)
+
+    def reacquire_memory(self) -> None:
+        if self.supports_memory_release:
+            self._llm.wake_up()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_usable(self) -> None:
+        if self._broken:
+            raise WeightSyncError(f"the vLLM engine is unusable after an earlier error: {self._broken}")
+        if getattr(self, "_llm", None) is None:
+            raise RuntimeError("the vLLM engine is closed")
+
+    def close(self) -> None:
+        llm = getattr(self, "_llm", None)
+        self._llm = None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                with contextlib.suppress(Exception):
+                    shutdown()
+            del llm
+        for tmp in self._tmp_dirs:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._tmp_dirs.clear()
+
+
+# ---------------------------------------------------------------------- helpers
+def _eos_ids(tokenizer: Any) -> set[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = eos if isinstance(eos, (list, tuple, set)) else [eos]
+    return {int(i) for i in ids if i is not None}
+
+
+def _finish_reason(reason: str | None, stop_reason: Any) -> str:
+    if reason in ("stop", "length"):
+        return reason
+    raise RuntimeError(f"vLLM ended a sample with finish reason {reason!r} (stop reason {stop_reason!r}); "
+                       f"expected 'stop' or 'length'")
+
+
+def _detached(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    # vLLM copies each tensor into its own parameter; detaching keeps autograd out of that copy.
+    for name, tensor in weights:
+        yield name, tensor.detach()
+
+
+@contextlib.contextmanager
+def _host_state_preserved() -> Iterator[None]:
+    """Undo what an in-process vLLM start does to the host process.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a function that only warns (it
+    expects to own its process), and every worker reseeds the global RNGs. In-process the host is
+    the trainer, whose thread count and RNG streams must stay as they were.
+    """
+    set_num_threads = torch.set_num_threads
+    threads = torch.get_num_threads()
+    py_state = random.getstate()
+    np_state = None
+    with contextlib.suppress(ImportError):
+        import numpy
+
+        np_state = numpy.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        set_num_threads(threads)
+        random.setstate(py_state)
+        if np_state is not None:
+            import numpy
+
+            numpy.random.set_state(np_state)

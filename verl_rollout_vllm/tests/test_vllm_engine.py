@@ -1,0 +1,128 @@
+"""The in-process vLLM engine: the core's rollout contract, the trainer's log-probs, weight sync.
+
+All tests share the session's one engine (``vllm_engine`` in conftest.py); the tests that change
+its weights put the originals back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+from verl_core.rollout_utils import build_batch
+from verl_core.testing import RolloutConformance
+
+pytestmark = pytest.mark.vllm
+
+
+class TestVLLMRolloutConformance(RolloutConformance):
+    @pytest.fixture
+    def engine(self, vllm_engine: Any) -> Any:
+        return vllm_engine
+
+    @pytest.fixture
+    def prompt_ids(self, prompts: list[list[int]]) -> list[list[int]]:
+        return prompts
+
+    @pytest.fixture(scope="class")
+    def reference_model(self, model_dir: str) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def fsdp_actor(model_dir: str) -> Iterator[Any]:
+    """An FSDP actor on the same model, in this process (it reuses vLLM's one-rank process group)."""
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    worker = FSDPBackend(FSDPConfig(lr=1e-3)).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                                             world=WorldInfo(), seed=0)
+    yield worker
+    worker.close()
+
+
+def _rollout_vs_actor_gap(engine: Any, actor: Any, prompts: list[list[int]], tokenizer: Any) -> float:
+    sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=3)
+    rows = [{"prompt_ids": p} for p in prompts]
+    batch = build_batch(rows, engine.generate(prompts, sampling=sampling), n=sampling.n,
+                        pad_id=tokenizer.pad_token_id)
+    trainer_lp = actor.compute_log_probs(batch).log_probs
+    mask = batch.response_mask.bool()
+    return float((trainer_lp - batch.rollout_log_probs)[mask].abs().max())
+
+
+def test_log_probs_match_the_fsdp_trainer(vllm_engine: Any, fsdp_actor: Any, prompts: list[list[int]],
+                                          tokenizer: Any) -> None:
+    gap = _rollout_vs_actor_gap(vllm_engine, fsdp_actor, prompts, tokenizer)
+    assert gap <= 1e-3, f"vLLM and FSDP log-probs of the same tokens differ by up to {gap:.2e}"
+
+
+@pytest.mark.parametrize("transport", ["tensors", "file"])
+def test_weight_sync_from_the_fsdp_actor(vllm_engine: Any, fsdp_actor: Any, prompts: list[list[int]],
+                                         tokenizer: Any, model_dir: str, transport: str) -> None:
+    """After an in-place sync the engine samples from the actor's new weights, exactly."""
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=8)
+    before = vllm_engine.generate(prompts, sampling=greedy).response_ids
+    module = fsdp_actor.hf_module()
+    saved = {k: v.detach().clone() for k, v in fsdp_actor.iter_weights()}
+    g = torch.Generator().manual_seed(7)
+    # The file transport is what a multi-process engine uses; in-process it runs against the same engine.
+    vllm_engine.config.multiprocessing = transport == "file"
+    try:
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(_like(p, 0.5 * torch.randn(p.shape, generator=g)))
+        vllm_engine.load_weights(fsdp_actor.iter_weights())
+        assert vllm_engine.last_sync_seconds > 0
+        assert vllm_engine.generate(prompts, sampling=greedy).response_ids != before
+        gap = _rollout_vs_actor_gap(vllm_engine, fsdp_actor, prompts, tokenizer)
+        assert gap <= 1e-3, f"after the sync, vLLM and the actor differ by up to {gap:.2e}"
+    finally:
+        vllm_engine.config.multiprocessing = False
+        with torch.no_grad():
+            params = dict(module.named_parameters())
+            for name, value in saved.items():
+                if name in params:
+                    params[name].copy_(_like(params[name], value))
+        vllm_engine.load_weights(iter(saved.items()))
+    assert vllm_engine.generate(prompts, sampling=greedy).response_ids == before
+
+
+def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` laid out like ``param`` (FSDP2 parameters are DTensors)."""
+    value = value.to(param.dtype)
+    if hasattr(param, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(value, param.device_mesh, param.placements)
+    return value
+
+
+def test_host_threads_and_set_num_threads_survive_the_engine(vllm_engine: Any) -> None:
+    # vLLM's CPU worker replaces torch.set_num_threads with a warning; the engine puts it back.
+    assert torch.set_num_threads.__name__ == "set_num_threads"
+    torch.set_num_threads(2)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+
+
+def test_memory_release_is_skipped_cleanly_on_cpu(vllm_engine: Any, prompts: list[list[int]]) -> None:
+    if not vllm_engine.on_cpu:
+        pytest.skip("sleep mode is a GPU feature")
+    assert vllm_engine.supports_memory_release is False
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=4)
+    before = vllm_engine.generate(prompts, sampling=greedy).response_ids
+    vllm_engine.release_memory()
+    vllm_engine.reacquire_memory()
+    assert vllm_engine.generate(prompts, sampling=greedy).response_ids == before
+
+
+def test_top_k_one_is_greedy(vllm_engine: Any, prompts: list[list[int]]) -> None:
+    greedy = vllm_engine.generate(prompts, sampling=SamplingParams(n=1, greedy=True, max_new_tokens=6))
+    top1 = vllm_engine.generate(prompts, sampling=SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=6,
+                                                                 seed=9))
+    assert top1.response_ids == [r for r in greedy.response_ids for _ in range(2)]
