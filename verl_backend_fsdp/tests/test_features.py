@@ -120,7 +120,7 @@ def test_bad_model_paths_are_clear_errors(tmp_path, model_dir):
 
 def test_sequence_longer_than_the_model_is_refused(model_dir):
     worker = _worker(model_dir)
-    batch = make_batch(batch_size=2, prompt_length=40, response_length=40, seed=0)
+    batch = make_batch(batch_size=2, prompt_length=40, response_length=40, group_size=2, seed=0)
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
         worker.compute_log_probs(batch)
 

@@ -196,8 +196,9 @@ class FSDPWorker(TrainingWorker):
         for layer in _decoder_layers(module):
             fully_shard(layer, **kwargs)
         fully_shard(module, **kwargs)
-        # generate() must enter through the root like forward() does (lazy init, root params).
-        register_fsdp_forward_method(module, "generate")
+        if hasattr(module, "generate"):  # value heads and reward models have no generate()
+            # generate() must enter through the root like forward() does (lazy init, root params).
+            register_fsdp_forward_method(module, "generate")
         self.module = module
         self.trainable = role in (Role.ACTOR, Role.CRITIC)
         self.module.train(False)
