@@ -1,0 +1,195 @@
+"""Actor-update cost of the FSDP backend against the same step in plain PyTorch.
+
+Each configuration runs in its own process (so peak RSS is its own), and the configurations are
+alternated over several rounds so machine noise hits all of them alike. Reported: median step
+time, peak RSS, and framework overhead = (ours - raw) / raw at the same thread count.
+
+    python bench/fsdp_step.py            # writes bench/results/fsdp_step.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = {
+    "raw-pytorch ws1": {"kind": "raw", "ws": 1},
+    "fsdp ws1": {"kind": "fsdp", "ws": 1},
+    "fsdp ws1 +act-ckpt": {"kind": "fsdp", "ws": 1, "activation_checkpointing": True},
+    "fsdp ws2": {"kind": "fsdp", "ws": 2},
+}
+BATCH, PROMPT, RESPONSE = 8, 32, 64
+
+
+def build_model_dir(path: Path) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    import torch
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+
+
+def make_batch():
+    import torch
+
+    from verl_core.batch import Batch
+
+    g = torch.Generator().manual_seed(0)
+    ones_p = torch.ones(BATCH, PROMPT, dtype=torch.long)
+    ones_r = torch.ones(BATCH, RESPONSE, dtype=torch.long)
+    return Batch(prompt_ids=torch.randint(0, 8192, (BATCH, PROMPT), generator=g), prompt_mask=ones_p,
+                 response_ids=torch.randint(0, 8192, (BATCH, RESPONSE), generator=g),
+                 response_attention_mask=ones_r, response_mask=ones_r, group_ids=torch.arange(BATCH),
+                 advantages=torch.randn(BATCH, RESPONSE, generator=g),
+                 old_log_probs=-torch.rand(BATCH, RESPONSE, generator=g) * 9)
+
+
+def loss_fn(*, batch, log_probs, entropy=None, values=None):
+    from verl_core.algorithms import functional as F
+
+    loss, _ = F.ppo_clip_loss(log_probs, batch.old_log_probs, batch.advantages, batch.response_mask,
+                              clip_low=0.2, clip_high=0.2)
+    return loss, {}
+
+
+def run_raw(model_dir: str, steps: int) -> list[float]:
+    """The floor: the same forward/backward/clip/AdamW step written directly against the model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    batch = make_batch()
+    ids = batch.input_ids
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+        loss, _ = loss_fn(batch=batch, log_probs=lp)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, ckpt: bool, port: int, out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+
+    backend = FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=BATCH, activation_checkpointing=ckpt))
+    worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                   world=WorldInfo(rank=rank, world_size=ws, threads=1), seed=0)
+    shard = make_batch().chunk(ws)[rank]
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        worker.update_policy(shard, loss_fn=loss_fn, mini_batch_size=0, epochs=1)
+        times.append(time.perf_counter() - t)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": times, "rss_gb": rss}))
+
+
+def measure(name: str, model_dir: str, steps: int) -> dict:
+    """Run one configuration in fresh processes; returns step times and peak RSS (sum over ranks)."""
+    cfg = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, __file__, "--child", name, "--model-dir", model_dir, "--steps", str(steps),
+               "--out", out]
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+    # Step time of the slowest rank; the first step (lazy init, allocator warm-up) is dropped.
+    times = [max(r["times"][i] for r in ranks) for i in range(1, steps)]
+    return {"times": times, "rss_gb": sum(r["rss_gb"] for r in ranks), "ranks": cfg["ws"]}
+
+
+def child(name: str, model_dir: str, steps: int, out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    cfg = CONFIGS[name]
+    if cfg["kind"] == "raw":
+        times = run_raw(model_dir, steps)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        Path(out, "rank0.json").write_text(json.dumps({"times": times, "rss_gb": rss}))
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import torch.multiprocessing as mp
+
+    mp.start_processes(run_fsdp, args=(cfg["ws"], model_dir, steps, cfg.get("activation_checkpointing", False),
+                                       port, out), nprocs=cfg["ws"], join=True, start_method="spawn")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child")
+    ap.add_argument("--model-dir")
+    ap.add_argument("--out")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.model_dir, args.steps, args.out)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(Path(tmp) / "model")
+        build_model_dir(Path(model_dir))
+        from transformers import AutoConfig
+
+        results: dict[str, dict] = {n: {"times": [], "rss_gb": []} for n in CONFIGS}
+        for r in range(args.rounds):
+            for name in CONFIGS:  # alternate configurations every round
+                m = measure(name, model_dir, args.steps)
+                results[name]["times"] += m["times"]
+                results[name]["rss_gb"].append(m["rss_gb"])
+                print(f"round {r + 1} {name}: median {statistics.median(m['times']):.3f}s", flush=True)
+        n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model_dir)).parameters())
+    raw = statistics.median(results["raw-pytorch ws1"]["times"])
+    lines = [
+        "# FSDP actor update vs plain PyTorch",
+        "",
+        f"Model: Qwen2 architecture, {n_params / 1e6:.1f}M parameters (fp32). Batch: {BATCH} samples x "
+        f"({PROMPT} prompt + {RESPONSE} response) tokens, PPO-clip loss, AdamW, grad clip. One torch thread per "
+        f"process. {args.rounds} alternating rounds x {args.steps - 1} timed steps each.",
+        f"Command: `python bench/fsdp_step.py --rounds {args.rounds} --steps {args.steps}`; "
+        f"date {time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPU cores.",
+        "",
+        "| configuration | processes | median step (s) | vs raw | peak RSS, all ranks (GiB) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        med = statistics.median(r["times"])
+        lines.append(f"| {name} | {CONFIGS[name]['ws']} | {med:.3f} | {med / raw:.3f}x | {max(r['rss_gb']):.2f} |")
+    ours = statistics.median(results["fsdp ws1"]["times"])
+    lines += ["", f"Framework overhead at world size 1: (ours - raw) / raw = {(ours - raw) / raw * 100:+.1f}%."]
+    out = Path(__file__).parent / "results" / "fsdp_step.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
