@@ -151,6 +151,8 @@ class Batch:
             if t.dim() != 2:
                 continue
             changes[name] = t[:, start:] if name.startswith("prompt") else t[:, :width]
+        # 2-D extras are response-aligned, so they lose the same columns.
+        changes["extras"] = {k: t[:, :width] if t.dim() == 2 else t for k, t in self.extras.items()}
         return dataclasses.replace(self, **changes)
 
     @classmethod
