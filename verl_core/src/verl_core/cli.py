@@ -53,6 +53,11 @@ def _collect(config: Optional[Path], flags: dict[str, Any], overrides: List[str]
 _RUN_HELP = "Dotted overrides, e.g. algorithm.kl_coef=0.001 rollout.n=4"
 
 
+def _executor_flags(name: Optional[str], nnodes: Optional[int], procs_per_node: Optional[int]) -> dict[str, Any]:
+    # Only flags the user gave become keys: the local executor has no nnodes/procs_per_node settings.
+    return {"executor.name": name, "executor.nnodes": nnodes, "executor.procs_per_node": procs_per_node}
+
+
 @app.command()
 def run(
     overrides: List[str] = typer.Argument(None, help=_RUN_HELP, show_default=False),
@@ -67,13 +72,18 @@ def run(
     save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps."),
     resume: Optional[str] = typer.Option(None, help="auto | never | PATH."),
     seed: Optional[int] = typer.Option(None, help="Random seed."),
+    executor: Optional[str] = typer.Option(None, help="Executor plugin: local (default, one process) or ray."),
+    nnodes: Optional[int] = typer.Option(None, help="Nodes per worker group (multi-process executors)."),
+    procs_per_node: Optional[int] = typer.Option(None, help="Worker processes per node (multi-process executors)."),
 ) -> None:
     """Train. With no arguments: GRPO on the built-in addition task with a tiny model."""
     flags = {"backend.name": backend, "rollout.name": rollout, "algorithm.name": algo, "model.path": model,
              "data.train": data, "run.output_dir": output_dir, "run.max_steps": max_steps,
-             "run.save_every": save_every, "run.resume": resume, "run.seed": seed}
+             "run.save_every": save_every, "run.resume": resume, "run.seed": seed,
+             **_executor_flags(executor, nnodes, procs_per_node)}
 
     def go() -> None:
+        from verl_core.interfaces import WorkerFailedError
         from verl_core.trainer import Trainer
 
         cfg, registry = _collect(config, flags, overrides)
@@ -85,6 +95,9 @@ def run(
             raise typer.Exit(130) from None
         except FloatingPointError as exc:
             typer.secho(f"error: training diverged: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
+        except WorkerFailedError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from None
         if "val/reward_mean" in metrics:
             typer.echo(f"final val/reward_mean {metrics['val/reward_mean']:.4f}")
@@ -101,11 +114,14 @@ def config_show(
     data: Optional[str] = typer.Option(None), output_dir: Optional[str] = typer.Option(None),
     max_steps: Optional[int] = typer.Option(None), save_every: Optional[int] = typer.Option(None),
     resume: Optional[str] = typer.Option(None), seed: Optional[int] = typer.Option(None),
+    executor: Optional[str] = typer.Option(None), nnodes: Optional[int] = typer.Option(None),
+    procs_per_node: Optional[int] = typer.Option(None),
 ) -> None:
     """Print the resolved config (same arguments as `verl run`) as TOML."""
     flags = {"backend.name": backend, "rollout.name": rollout, "algorithm.name": algo, "model.path": model,
              "data.train": data, "run.output_dir": output_dir, "run.max_steps": max_steps,
-             "run.save_every": save_every, "run.resume": resume, "run.seed": seed}
+             "run.save_every": save_every, "run.resume": resume, "run.seed": seed,
+             **_executor_flags(executor, nnodes, procs_per_node)}
 
     def go() -> None:
         from verl_core.config import config_to_dict, dump_toml

@@ -42,7 +42,9 @@ __all__ = [
     "Executor",
     "ExecutorConfig",
     "WorkerGroup",
+    "WorkerFailedError",
     "dispatch",
+    "dispatch_mode",
 ]
 
 
@@ -124,9 +126,25 @@ def dispatch(mode: str) -> Callable[[Callable], Callable]:
     return mark
 
 
-def dispatch_mode(fn: Callable) -> str:
-    """The dispatch mode declared on a worker method (``"broadcast"`` if none)."""
-    return getattr(fn, _DISPATCH_ATTR, "broadcast")
+def dispatch_mode(fn: Callable | type | object, method: str | None = None) -> str:
+    """The dispatch mode declared on a worker method (``"broadcast"`` if none).
+
+    ``dispatch_mode(fn)`` reads the mark on one function. ``dispatch_mode(cls, "name")`` (a class
+    or an instance) looks ``name`` up through the MRO and returns the first mark found, so an
+    implementation that overrides a base method inherits the mode the base declared: the marks
+    sit on :class:`TrainingWorker`'s abstract methods, not on every backend's overrides.
+    """
+    if method is None:
+        return getattr(fn, _DISPATCH_ATTR, "broadcast")
+    cls = fn if isinstance(fn, type) else type(fn)
+    for klass in cls.__mro__:
+        attr = klass.__dict__.get(method)
+        if attr is None:
+            continue
+        mode = getattr(getattr(attr, "__func__", attr), _DISPATCH_ATTR, None)  # unwrap static/classmethods
+        if mode is not None:
+            return mode
+    return "broadcast"
 
 
 # ----------------------------------------------------------------------------- backends
@@ -507,6 +525,22 @@ class ExecutorConfig:
     threads_per_worker: int = 0
 
 
+class WorkerFailedError(RuntimeError):
+    """A worker process died (killed, out of memory, crashed), so the run cannot go on.
+
+    Attributes:
+        role: the role the failed call was made on (``"actor"``, ``"rollout"``, ...).
+        rank: the worker's rank in its group.
+        cause: what the executor knows about why it died.
+    """
+
+    def __init__(self, message: str, *, role: str, rank: int, cause: str) -> None:
+        super().__init__(message)
+        self.role = role
+        self.rank = rank
+        self.cause = cause
+
+
 class WorkerGroup(abc.ABC):
     """Workers of one role running SPMD; method calls dispatch per :func:`dispatch`."""
 
@@ -530,10 +564,33 @@ class Executor(abc.ABC):
 
     def __init__(self, config: ExecutorConfig) -> None:
         self.config = config
+        self.plugins: tuple[tuple[str, str], ...] = ()
+
+    def use_plugins(self, plugins: Sequence[tuple[str, str]]) -> None:
+        """Name the ``(kind, name)`` plugins the run selected, before any group starts.
+
+        Multi-process executors resolve them through the plugin registry in every worker process,
+        so a plugin that cannot be found there fails at start-up with its name, not mid-run when a
+        pickled object cannot be imported. An in-process executor has nothing to do.
+        """
+        self.plugins = tuple(plugins)
 
     @abc.abstractmethod
     def create_group(self, *, role: Role, factory: Callable[[WorldInfo], Any]) -> WorkerGroup:
         """Start a worker group; ``factory(world)`` builds the worker on each rank."""
+
+    def create_rollout(self, *, engine: type[RolloutEngine], config: RolloutConfig, model: ModelSpec,
+                       tokenizer: Any, actor: WorkerGroup) -> RolloutEngine:
+        """Start the rollout engine that samples from ``actor``'s policy.
+
+        The default builds the engine in this process on the actor group, which is what an
+        in-process executor needs (an engine that shares the actor's weights reaches its module
+        directly). A multi-process executor places the engine where its configuration says: inside
+        the actor's worker processes (colocated: the engine gets the local actor worker) or on
+        processes of its own (split: weights are sent over), and returns a stand-in that
+        dispatches ``generate`` and ``load_weights`` to them.
+        """
+        return engine(config=config, model=model, tokenizer=tokenizer, actor=actor)
 
     def run_parallel(self, tasks: Sequence[Callable[[], Any]]) -> list[Any]:
         """Run independent tasks; the default runs them one after the other."""

@@ -7,6 +7,7 @@ hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -35,6 +36,10 @@ from verl_core.rewards import RewardManager
 __all__ = ["Trainer", "resolve_model_path"]
 
 BUILTIN_MODEL = "builtin:tiny-qwen2-addition"
+
+
+def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
+    return backend.create_worker(role=role, model=model, world=world, seed=seed)
 
 
 def resolve_model_path(path: str) -> str:
@@ -129,25 +134,32 @@ class Trainer:
         self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
         backend = self.registry.load("backend", cfg.backend.name)(cfg.backend.config)
         self.executor = self.registry.load("executor", cfg.executor.name)(cfg.executor.config)
+        self.executor.use_plugins([("backend", cfg.backend.name), ("rollout", cfg.rollout.name),
+                                   ("algorithm", cfg.algorithm.name)])
         needs = self.algorithm.requirements()
 
         def group(role: Role) -> Any:
-            return self.executor.create_group(role=role, factory=lambda world: backend.create_worker(
-                role=role, model=self.model_spec, world=world, seed=cfg.run.seed))
+            # A partial, not a closure over the trainer: executors may pickle it into worker processes.
+            factory = functools.partial(_create_worker, backend, role, self.model_spec, cfg.run.seed)
+            return self.executor.create_group(role=role, factory=factory)
 
-        self.actor = group(Role.ACTOR)
-        self.critic = group(Role.CRITIC) if needs.critic else None
-        self.reference = group(Role.REFERENCE) if needs.reference else None
-        self.rollout = self.registry.load("rollout", cfg.rollout.name)(
-            config=cfg.rollout.config, model=self.model_spec, tokenizer=self.tokenizer, actor=self.actor)
-
-        builder = DataflowBuilder()
-        self.algorithm.build_dataflow(builder)
-        self.dataflow: Dataflow = builder.build()
-        self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers,
-                                          disable_hooks=cfg.run.disable_hooks)
-        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
-        self._resume()
+        try:
+            self.actor = group(Role.ACTOR)
+            self.critic = group(Role.CRITIC) if needs.critic else None
+            self.reference = group(Role.REFERENCE) if needs.reference else None
+            self.rollout = self.executor.create_rollout(
+                engine=self.registry.load("rollout", cfg.rollout.name), config=cfg.rollout.config,
+                model=self.model_spec, tokenizer=self.tokenizer, actor=self.actor)
+            builder = DataflowBuilder()
+            self.algorithm.build_dataflow(builder)
+            self.dataflow: Dataflow = builder.build()
+            self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers,
+                                              disable_hooks=cfg.run.disable_hooks)
+            self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
+            self._resume()
+        except BaseException:
+            self.executor.shutdown()  # workers already started must not outlive a failed set-up
+            raise
         self._ready = True
 
     def _load_data(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -1,0 +1,309 @@
+"""Each algorithm's advantages, loss, config and dataflow against small hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verl_core.batch import Batch
+from verl_core.config import ConfigError, build_dataclass
+from verl_core.dataflow import DataflowBuilder, StepContext
+from verl_core.interfaces import RolloutOutput, SamplingParams
+from verl_core.rollout_utils import build_batch
+from verl_core.tasks.arithmetic import build_tokenizer
+
+from verl_algo_contrib.cispo import CISPO, CISPOConfig
+from verl_algo_contrib.dapo import DAPO, DAPOConfig
+from verl_algo_contrib.data import check_pairs_intact, write_addition_preferences
+from verl_algo_contrib.drgrpo import DrGRPO, DrGRPOConfig
+from verl_algo_contrib.gpg import GPG, GPGConfig
+from verl_algo_contrib.gspo import GSPO, GSPOConfig
+from verl_algo_contrib.opo import OPO, OPOConfig
+from verl_algo_contrib.preference import DPO, DPOConfig, KTO, KTOConfig, ORPO, ORPOConfig
+from verl_algo_contrib.reinforce_pp import (
+    ReinforcePlusPlus,
+    ReinforcePlusPlusBaseline,
+    ReinforcePlusPlusBaselineConfig,
+    ReinforcePlusPlusConfig,
+)
+from verl_algo_contrib.remax import ReMax, ReMaxConfig
+from verl_algo_contrib.rloo import RLOO, RLOOConfig
+from verl_algo_contrib.spin import SPIN, SPINConfig
+
+
+def batch_of(scores, groups, lengths, *, width=None, old=None, ref=None):
+    """Right-padded responses of the given lengths (token id 5), one prompt token each."""
+    width = width or max(lengths)
+    B = len(scores)
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    scores_t = torch.tensor(scores, dtype=torch.float32)
+    from verl_core.algorithms.functional import scores_to_token_rewards
+
+    return Batch(prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                 response_ids=5 * mask, response_attention_mask=mask, response_mask=mask.clone(),
+                 group_ids=torch.tensor(groups), scores=scores_t,
+                 token_rewards=scores_to_token_rewards(scores_t, mask), old_log_probs=old, ref_log_probs=ref)
+
+
+def node_names(algorithm):
+    df = DataflowBuilder()
+    algorithm.build_dataflow(df)
+    return [n.name for n in df.build().nodes]
+
+
+# ----------------------------------------------------------------------------- GRPO family
+def test_dapo_defaults_filter_and_dataflow():
+    cfg = DAPOConfig()
+    assert (cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode, cfg.kl_coef) == (0.2, 0.28, "token-mean", 0.0)
+    dapo = DAPO(cfg)
+    kept = dapo.filter_batch(batch_of([1, 1, 0, 1], [0, 0, 1, 1], [1, 1, 1, 1]))
+    assert kept.group_ids.tolist() == [1, 1]
+    assert node_names(dapo)[:2] == ["generate", "overlong_shaping"]
+    assert "reward" not in node_names(dapo)  # generate_until_full scores inside
+    plain = DAPO(DAPOConfig(dynamic_sampling=False, overlong_buffer_len=0))
+    assert node_names(plain)[:3] == ["generate", "reward", "old_log_probs"]
+    assert len(plain.filter_batch(batch_of([1, 1], [0, 0], [1, 1]))) == 2
+
+
+def test_dapo_overlong_shaping_node():
+    dapo = DAPO(DAPOConfig(overlong_buffer_len=4, overlong_penalty_factor=1.0))
+    b = batch_of([1, 1, 0], [0, 0, 0], [5, 8, 10], width=10)
+    b.info["max_new_tokens"] = 10
+    ctx = StepContext(step=1, prompts=[], algorithm=dapo, actor=None, rollout=None, reward=None,
+                      sampling=SamplingParams(max_new_tokens=10), batch=b)
+    out = dapo._shape_overlong(ctx)
+    assert out["scores"].tolist() == pytest.approx([1.0, 0.5, -1.0])
+    assert out["token_rewards"][1, 7].item() == pytest.approx(0.5)  # on the last token
+    # A buffer as large as the budget turns shaping off, with a warning instead of punishing every answer.
+    wide = DAPO(DAPOConfig())
+    with pytest.warns(UserWarning, match="overlong_buffer_len=4096"):
+        assert wide._shape_overlong(ctx) is None
+    assert ctx.metrics["dapo/overlong_shaping_active"] == 0.0
+
+
+def test_drgrpo_advantage_and_constant_length_normalisation():
+    alg = DrGRPO(DrGRPOConfig())
+    b = batch_of([1, 0, 0, 0], [0, 0, 0, 0], [2, 1, 1, 1], width=2)
+    adv, _ = alg.compute_advantages(b)
+    assert adv[:, 0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])  # r - mean, no std
+    b = b.replace(advantages=adv, old_log_probs=torch.zeros(4, 2))
+    b.info["max_new_tokens"] = 8
+    loss, _ = alg.policy_loss(batch=b, log_probs=torch.zeros(4, 2), entropy=None)
+    # Ratio 1: per-sequence token sums [-1.5, 0.25, 0.25, 0.25] / 8, mean over 4 sequences.
+    assert float(loss) == pytest.approx((-1.5 + 0.75) / 8 / 4)
+
+
+def test_gspo_and_cispo_defaults_and_losses():
+    assert (GSPOConfig().clip_ratio_low, GSPOConfig().clip_ratio_high) == (3e-4, 4e-4)
+    assert GSPOConfig().loss_agg_mode == "seq-mean-token-mean"
+    b = batch_of([1, 0], [0, 0], [2, 2])
+    gspo = GSPO(GSPOConfig())
+    adv, _ = gspo.compute_advantages(b)
+    b = b.replace(advantages=adv, old_log_probs=torch.zeros(2, 2))
+    loss, metrics = gspo.policy_loss(batch=b, log_probs=torch.zeros(2, 2), entropy=None)
+    # Ratio 1, GRPO advantages +-0.7071: per-sequence means cancel.
+    assert float(loss) == pytest.approx(0.0, abs=1e-6) and metrics["ppo/seq_ratio_mean"] == pytest.approx(1.0)
+
+    cispo = CISPO(CISPOConfig())
+    assert (cispo.config.clip_ratio_low, cispo.config.clip_ratio_high) == (1.0, 4.0)
+    lp = torch.full((2, 2), -1.0, requires_grad=True)
+    loss, metrics = cispo.policy_loss(batch=b, log_probs=lp, entropy=None)
+    # Weight exp(-1 - 0) = 0.368 (inside [0, 5]): loss = mean(-0.368 * A * -1) over tokens = 0 by symmetry.
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-6)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([-math.exp(-1) * adv[0, 0].item() / 4] * 2)
+
+
+# ----------------------------------------------------------------------------- REINFORCE family
+def test_rloo_advantages_use_kl_shaped_rewards():
+    alg = RLOO(RLOOConfig())
+    b = batch_of([1, 0, 0], [0, 0, 0], [1, 1, 1])
+    adv, _ = alg.compute_advantages(b)
+    assert adv[:, 0].tolist() == pytest.approx([1.0, -0.5, -0.5])
+    shaped = b.replace(token_rewards=b.token_rewards - torch.tensor([[0.3], [0.0], [0.0]]))
+    adv, _ = alg.compute_advantages(shaped)
+    assert adv[:, 0].tolist() == pytest.approx([0.7, -0.35, -0.35])
+
+
+def test_reinforce_pp_returns_whitened_over_the_batch():
+    alg = ReinforcePlusPlus(ReinforcePlusPlusConfig())
+    assert alg.requirements().reference and alg.config.kl_in_reward and alg.config.kl_estimator == "k1"
+    b = batch_of([1, 0], [0, 1], [2, 2])
+    b = b.replace(token_rewards=torch.tensor([[-0.5, 1.0], [0.0, 0.0]]))
+    adv, returns = alg.compute_advantages(b)
+    assert returns.tolist() == [[0.5, 1.0], [0.0, 0.0]]
+    values = torch.tensor([0.5, 1.0, 0.0, 0.0])
+    expected = (values - values.mean()) / values.var(unbiased=False).sqrt()
+    assert adv.flatten().tolist() == pytest.approx(expected.tolist(), abs=1e-4)
+
+    base = ReinforcePlusPlusBaseline(ReinforcePlusPlusBaselineConfig())
+    assert base.config.kl_estimator == "k2" and not base.config.kl_in_reward
+    adv, _ = base.compute_advantages(batch_of([1, 0, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1]))
+    assert adv[:, 0].tolist() == pytest.approx([math.sqrt(2), -math.sqrt(2), 0, 0], abs=1e-4)
+
+
+def test_remax_uses_the_greedy_baseline():
+    alg = ReMax(ReMaxConfig())
+    assert "greedy_baseline" in node_names(alg)
+    b = batch_of([1, 0, 1], [0, 0, 1], [2, 1, 1])
+    with pytest.raises(ValueError, match="greedy_baseline"):
+        alg.compute_advantages(b)
+    adv, returns = alg.compute_advantages(b.replace(extras={"baseline_scores": torch.tensor([1.0, 1.0, 0.0])}))
+    assert adv.tolist() == [[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0]]
+    assert returns.tolist() == [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
+
+
+def test_gpg_is_on_policy_without_old_log_probs():
+    alg = GPG(GPGConfig())
+    assert "old_log_probs" not in node_names(alg)
+    with pytest.raises(ConfigError, match="algorithm.epochs"):
+        build_dataclass(GPGConfig, {"epochs": 2}, "algorithm")
+    b = batch_of([1, 0, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1])
+    adv, _ = alg.compute_advantages(b)
+    assert adv[:, 0].tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
+    lp = torch.full((4, 1), -2.0, requires_grad=True)
+    loss, _ = alg.policy_loss(batch=b.replace(advantages=adv), log_probs=lp, entropy=None)
+    assert float(loss.detach()) == pytest.approx(0.0)
+    loss.backward()
+    assert lp.grad[:, 0].tolist() == pytest.approx([-0.25, 0.25, 0.0, 0.0])
+
+
+def test_opo_length_weighted_baseline():
+    alg = OPO(OPOConfig())
+    assert (alg.config.epochs, alg.config.mini_batch_size) == (1, 0)
+    adv, _ = alg.compute_advantages(batch_of([1, 0], [0, 0], [2, 4]))
+    assert adv[0, 0].item() == pytest.approx(2 / 3) and adv[1, 0].item() == pytest.approx(-1 / 3)
+
+
+# ----------------------------------------------------------------------------- offline: batches from data
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def prompt_rows(tokenizer, raws):
+    from verl_core.data import tokenize_rows
+
+    rows, _ = tokenize_rows(raws, tokenizer, prompt_key="prompt", answer_key="answer", max_prompt_length=16,
+                            overlong="filter", apply_chat_template=True, source="test")
+    return rows
+
+
+def ctx_for(rows, tokenizer, algorithm, batch=None):
+    return StepContext(step=1, prompts=rows, algorithm=algorithm, actor=None, rollout=None, reward=None,
+                       sampling=SamplingParams(), tokenizer=tokenizer, batch=batch)
+
+
+def test_dpo_builds_pairs_and_matches_the_hand_loss(tokenizer):
+    dpo = DPO(DPOConfig(beta=0.5))
+    assert node_names(dpo) == ["preference_data", "ref_log_probs", "update_actor", "sync_weights"]
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "chosen": "46", "rejected": "47"},
+                                   {"prompt": "50+50=", "chosen": "100", "rejected": "10"}])
+    b = dpo.build_batch(ctx_for(rows, tokenizer, dpo))
+    assert b.group_ids.tolist() == [0, 0, 1, 1] and b.scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    decoded = tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(b.response_ids, b.response_mask)])
+    assert decoded == ["46<eos>", "47<eos>", "100<eos>", "10<eos>"]
+    assert b.finish_reasons == ["stop"] * 4 and b.info["paired_groups"]
+    assert tokenizer.decode(b.prompt_ids[2][b.prompt_mask[2].bool()]) == "<bos>50+50="
+
+    # Log-ratios (policy - reference, summed per response) 1, -1 for pair 0 and 0, 0 for pair 1.
+    lp = torch.zeros(b.response_ids.shape)
+    ref = torch.zeros_like(lp)
+    lp[0, 0], lp[1, 0] = 1.0, -1.0
+    b = b.replace(ref_log_probs=ref)
+    loss, metrics = dpo.policy_loss(batch=b, log_probs=lp, entropy=None)
+    expected = (math.log(1 + math.exp(-1.0)) + math.log(2.0)) / 2
+    assert float(loss) == pytest.approx(expected)
+    assert metrics["preference/accuracy"] == 0.5 and metrics["preference/margin"] == pytest.approx(0.5)
+    # Micro-batches must not cut a pair in two.
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        check_pairs_intact(b.select([0, 1, 2]))
+
+
+def test_preference_data_errors_name_the_column_and_setting(tokenizer):
+    from verl_core.data import DataError
+
+    dpo = DPO(DPOConfig())
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "good": "46", "rejected": "47"}])
+    with pytest.raises(DataError, match=r"no 'chosen' column.*algorithm\.chosen_key"):
+        dpo.build_batch(ctx_for(rows, tokenizer, dpo))
+    with pytest.raises(ConfigError, match="algorithm.mini_batch_size"):
+        build_dataclass(DPOConfig, {"mini_batch_size": 3}, "algorithm")
+
+
+def test_kto_unary_rows_and_mismatched_kl_rows(tokenizer):
+    kto = KTO(KTOConfig(beta=1.0))
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "completion": "46", "label": True},
+                                   {"prompt": "50+50=", "completion": "10", "label": False}])
+    b = kto.build_batch(ctx_for(rows, tokenizer, kto))
+    decoded = tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(b.response_ids, b.response_mask)])
+    # Each example, then its prompt with the next example's completion (the KL estimate's row).
+    assert decoded == ["46<eos>", "10<eos>", "10<eos>", "46<eos>"]
+    assert b.extras["kl_row"].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert b.scores.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+    # Log-ratios: examples 2 and -1; KL rows 0.5 and 1.5, so z = 1.
+    lp = torch.zeros(b.response_ids.shape)
+    lp[:, 0] = torch.tensor([2.0, 0.5, -1.0, 1.5])
+    loss, metrics = kto.policy_loss(batch=b.replace(ref_log_probs=torch.zeros_like(lp)), log_probs=lp, entropy=None)
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    assert metrics["kto/kl_reference"] == pytest.approx(1.0)
+    assert float(loss) == pytest.approx(((1 - sig(2 - 1)) + (1 - sig(1 - (-1)))) / 2)
+
+    # Pair rows give one desirable and one undesirable example each.
+    pairs = prompt_rows(tokenizer, [{"prompt": "12+34=", "chosen": "46", "rejected": "47"}])
+    b = kto.build_batch(ctx_for(pairs, tokenizer, kto))
+    assert len(b) == 4 and b.scores.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_orpo_needs_no_reference_and_matches_the_hand_loss(tokenizer):
+    orpo = ORPO(ORPOConfig(beta=0.1))
+    assert not orpo.requirements().reference
+    assert node_names(orpo) == ["preference_data", "update_actor", "sync_weights"]
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "chosen": "46", "rejected": "47"}])
+    b = orpo.build_batch(ctx_for(rows, tokenizer, orpo))
+    # Every token of the chosen response at log 0.5, of the rejected at log 0.2.
+    lp = torch.stack([torch.full((b.response_length,), math.log(0.5)), torch.full((b.response_length,), math.log(0.2))])
+    loss, metrics = orpo.policy_loss(batch=b, log_probs=lp, entropy=None)
+    assert float(loss) == pytest.approx(-math.log(0.5) + 0.1 * math.log(1.25))
+    assert metrics["orpo/log_odds_ratio"] == pytest.approx(math.log(4.0))
+
+
+def test_spin_pairs_each_sample_with_its_target(tokenizer):
+    spin = SPIN(SPINConfig(beta=1.0))
+    assert node_names(spin) == ["generate", "reward", "pair_with_targets", "old_log_probs", "update_actor",
+                                "sync_weights"]
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "answer": "46"}, {"prompt": "50+50=", "answer": "100"}])
+    gen = [tokenizer("47", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+           tokenizer("46", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+           tokenizer("9", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]]
+    generated = build_batch(rows, RolloutOutput([gen[0], gen[1], gen[2], gen[2]], None, ["stop"] * 4), n=2, pad_id=0)
+    out = spin.pair_with_targets(ctx_for(rows, tokenizer, spin, batch=generated))
+    decoded = tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(out.response_ids, out.response_mask)])
+    assert decoded == ["46<eos>", "47<eos>", "46<eos>", "46<eos>", "100<eos>", "9<eos>", "100<eos>", "9<eos>"]
+    assert out.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+    # Opponent = old log-probs. Pair 0: target +1 vs sample -1 (relative to the opponent); the
+    # sample identical to its target (pair 1) has equal log-ratios.
+    old = torch.zeros(out.response_ids.shape)
+    lp = old.clone()
+    lp[0, 0], lp[1, 0] = 1.0, -1.0
+    loss, metrics = spin.policy_loss(batch=out.replace(old_log_probs=old), log_probs=lp, entropy=None)
+    assert float(loss) == pytest.approx((math.log(1 + math.exp(-2.0)) + 3 * math.log(2.0)) / 4)
+    assert metrics["spin/pairs"] == 4
+
+
+def test_write_addition_preferences(tmp_path):
+    import json
+
+    path = write_addition_preferences(tmp_path / "pairs.jsonl", rows=50, seed=1)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 50
+    for line in lines:
+        a, b = line["prompt"].rstrip("=").split("+")
+        assert line["chosen"] == str(int(a) + int(b)) and line["rejected"] != line["chosen"]
+    unary = [json.loads(x) for x in write_addition_preferences(tmp_path / "u.jsonl", rows=5, unary=True)
+             .read_text().splitlines()]
+    assert [u["label"] for u in unary] == [True, False] * 5
