@@ -47,7 +47,7 @@ def test_int_is_accepted_for_float(registry):
     ({"rollout": {"n": 0}}, "rollout.n", "at least 1"),
     ({"algorithm": {"loss_agg_mode": "mean"}}, "algorithm.loss_agg_mode", "must be one of"),
     ({"backend": {"betas": [0.9]}}, "backend.betas", "expected 2 values"),
-    ({"data": {"overlong": "truncate"}}, "data.overlong", "'filter' or 'error'"),
+    ({"data": {"overlong": "truncate"}}, "data.overlong", "'truncate_left', 'truncate_right'"),
 ])
 def test_errors_name_the_key(registry, raw, path, fragment):
     with pytest.raises(ConfigError) as info:
@@ -57,8 +57,8 @@ def test_errors_name_the_key(registry, raw, path, fragment):
 
 
 def test_unknown_plugin_names_the_package(registry):
-    with pytest.raises(UnknownPluginError, match="pip install verl-rollout-vllm"):
-        resolve_config({"rollout": {"name": "vllm"}}, registry)
+    with pytest.raises(UnknownPluginError, match="pip install verl-rollout-sglang"):
+        resolve_config({"rollout": {"name": "sglang"}}, registry)
 
 
 def test_bad_override_syntax():
