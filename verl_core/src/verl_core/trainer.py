@@ -195,6 +195,10 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         self.resumed_from = ckpt
+        # An engine with its own copy of the weights (vLLM, a server) started from model.path; the
+        # first rollout after a resume must already come from the checkpoint's policy.
+        if not self.rollout.shares_actor_weights:
+            self.rollout.load_weights(self.actor.iter_weights())
 
     # ------------------------------------------------------------------ run
     def train(self) -> dict[str, float]:

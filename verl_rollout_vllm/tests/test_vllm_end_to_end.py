@@ -1,0 +1,72 @@
+"""``verl run --rollout vllm`` through the real CLI: a short run, a resume, and a start-up failure.
+
+Each run is its own process (it starts its own in-process engine), so these are ``slow`` as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+FAST = ["data.batch_size=16", "rollout.n=4", "data.max_val_samples=40", "run.val_every=0", "run.threads=1",
+        "rollout.kv_cache_gb=0.25"]
+
+
+def _run(*args: str, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VERL_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(os.environ.get("VERL_TEST_CACHE_DIR") or tmp_path_factory.mktemp("verl-cache"))
+
+
+def test_run_syncs_every_step_and_resumes_onto_checkpoint_weights(tmp_path: Path, cache: Path) -> None:
+    out = tmp_path / "run"
+    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
+               *FAST, cache=cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "ppo/actor_loss" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["timing/sync_weights"] > 0 for r in train)
+    assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 2]
+
+    # Resuming must hand the checkpoint's weights to the engine before its first rollout.
+    script = textwrap.dedent(f"""
+        import torch
+        from verl_core.trainer import Trainer
+        from verl_core.tasks.arithmetic import ensure_builtin_model
+        from transformers import AutoModelForCausalLM
+        t = Trainer.from_checkpoint({str(out)!r}, overrides=["run.max_steps=3"])
+        t.setup()
+        assert t.resumed_from.name == "step_000002"
+        name = "model.embed_tokens.weight"
+        actor = dict(t.actor.iter_weights())[name]
+        engine = t.rollout._llm.collective_rpc(
+            lambda worker: worker.model_runner.model.state_dict()[name].clone())[0]
+        base = dict(AutoModelForCausalLM.from_pretrained(str(ensure_builtin_model())).named_parameters())[name]
+        assert not torch.equal(actor, base.detach()), "two steps did not change the embedding"
+        # vLLM pads the vocabulary rows of its embedding to a multiple of 64.
+        assert torch.equal(engine[: actor.shape[0]], actor), "the engine did not get the checkpoint's weights"
+        print("ok")
+    """)
+    res = _run("-c", script, cache=cache)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+
+
+def test_engine_that_cannot_start_stops_the_run_with_the_fix(tmp_path: Path, cache: Path) -> None:
+    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
+               str(tmp_path / "run"), *FAST[:-1], "rollout.kv_cache_gb=100000", cache=cache, timeout=300)
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "vLLM engine could not start" in text and "rollout.kv_cache_gb" in text, text[-3000:]
