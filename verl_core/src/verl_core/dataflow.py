@@ -455,7 +455,15 @@ def _old_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:
         if ctx.batch.rollout_log_probs is None:
             raise ValueError("algorithm.use_rollout_log_probs is set but the rollout engine returned no log-probs")
         return {"old_log_probs": ctx.batch.rollout_log_probs}
-    return {"old_log_probs": ctx.actor.compute_log_probs(ctx.batch, with_entropy=False).log_probs}
+    old = ctx.actor.compute_log_probs(ctx.batch, with_entropy=False).log_probs
+    if ctx.batch.rollout_log_probs is not None:
+        # How far the rollout engine's probabilities are from the trainer's (0 for an exact engine).
+        from verl_core.algorithms.functional import masked_mean
+
+        gap = (old - ctx.batch.rollout_log_probs).abs() * ctx.batch.response_mask
+        ctx.metrics["rollout/log_prob_diff_mean"] = float(masked_mean(gap, ctx.batch.response_mask))
+        ctx.metrics["rollout/log_prob_diff_max"] = float(gap.max())
+    return {"old_log_probs": old}
 
 
 def _ref_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:

@@ -387,6 +387,11 @@ class AlgorithmConfig:
         epochs: passes over each batch per step.
         mini_batch_size: samples per optimizer step (0 = the whole batch, one step per epoch).
         use_rollout_log_probs: take old log-probs from the rollout engine instead of recomputing.
+        rollout_is_cap: truncated importance sampling between rollout and training log-probs: each
+            token's policy-gradient loss is weighted by ``min(exp(old - rollout log-prob), cap)``,
+            correcting for an inference engine whose probabilities differ from the trainer's
+            (Yao et al., 2025, "Your efficient RL framework secretly brings you off-policy RL
+            training"); 0 disables. Needs recomputed old log-probs (``use_rollout_log_probs = false``).
     """
 
     clip_ratio_low: float = 0.2
@@ -400,6 +405,7 @@ class AlgorithmConfig:
     epochs: int = 1
     mini_batch_size: int = 0
     use_rollout_log_probs: bool = False
+    rollout_is_cap: float = 0.0
 
     def validate(self) -> None:
         from verl_core.algorithms import functional as F
@@ -414,6 +420,11 @@ class AlgorithmConfig:
             raise ValueError("epochs: must be at least 1")
         if self.mini_batch_size < 0:
             raise ValueError("mini_batch_size: must be >= 0 (0 = whole batch)")
+        if self.rollout_is_cap < 0:
+            raise ValueError("rollout_is_cap: must be >= 0 (0 disables the correction)")
+        if self.rollout_is_cap > 0 and self.use_rollout_log_probs:
+            raise ValueError("rollout_is_cap: corrects recomputed old log-probs towards the rollout's; with "
+                             "use_rollout_log_probs = true the weights are all 1. Set one of them.")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ __all__ = [
     "group_normalized_advantages",
     "gae_advantages",
     "ppo_clip_loss",
+    "truncated_is_weights",
     "policy_regularizers",
     "ppo_policy_loss",
     "clipped_value_loss",
@@ -162,10 +163,12 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
 def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                   response_mask: torch.Tensor, *, clip_low: float, clip_high: float, clip_c: float = 0.0,
                   agg_mode: str = "token-mean", norm_length: int | None = None,
+                  token_weights: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al., arXiv:1707.06347), asymmetric clip (DAPO) and
     optional dual clip for negative advantages (Ye et al., arXiv:1912.09729). ``norm_length`` is
-    passed to :func:`agg_loss`."""
+    passed to :func:`agg_loss`; ``token_weights`` (e.g. :func:`truncated_is_weights`) scale each
+    token's loss before aggregation."""
     log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
@@ -175,6 +178,8 @@ def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
     if clip_c > 0:
         dual = torch.minimum(-advantages * clip_c, loss)
         loss = torch.where(advantages < 0, dual, loss)
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
     mask = response_mask.to(loss.dtype)
     stats = {
         "clip_frac": masked_mean(clipped, mask).detach(),
@@ -182,6 +187,23 @@ def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
         "ratio_mean": masked_mean(ratio, mask).detach(),
     }
     return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
+
+
+def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                         *, cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights ``min(pi_train / pi_rollout, cap)`` per token, and their stats.
+
+    When the rollout engine (vLLM, say) samples with probabilities slightly different from the
+    trainer's, the samples are off-policy for the trainer; weighting each token's loss by the
+    truncated ratio corrects that with bounded variance (Yao et al., 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"; Ionides, 2008). No gradient flows
+    through the weights.
+    """
+    ratio = torch.exp((old_log_probs - rollout_log_probs).clamp(-20.0, 20.0)).detach()
+    weights = ratio.clamp(max=cap)
+    mask = response_mask.to(weights.dtype)
+    return weights, {"ppo/rollout_is_weight_mean": float(masked_mean(weights, mask)),
+                     "ppo/rollout_is_clip_frac": float(masked_mean((ratio > cap).to(mask.dtype), mask))}
 
 
 def policy_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None,
@@ -218,11 +240,17 @@ def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
     it (``info["max_new_tokens"]``): a constant, as Dr. GRPO prescribes, not the batch's width.
     """
     mask = batch.response_mask
+    weights, is_metrics = None, {}
+    if config.rollout_is_cap > 0:
+        if batch.rollout_log_probs is None:
+            raise ValueError("algorithm.rollout_is_cap needs the rollout engine's log-probs, but the batch has none")
+        weights, is_metrics = truncated_is_weights(batch.old_log_probs, batch.rollout_log_probs, mask,
+                                                   cap=config.rollout_is_cap)
     loss, stats = ppo_clip_loss(log_probs, batch.old_log_probs, batch.advantages, mask,
                                 clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                 clip_c=config.clip_ratio_c, agg_mode=config.loss_agg_mode,
-                                norm_length=batch.info.get("max_new_tokens"))
-    metrics = {"ppo/pg_loss": float(loss.detach())}
+                                norm_length=batch.info.get("max_new_tokens"), token_weights=weights)
+    metrics = {"ppo/pg_loss": float(loss.detach()), **is_metrics}
     extra, extra_metrics = policy_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy)
     loss = loss + extra
     metrics.update(extra_metrics)
