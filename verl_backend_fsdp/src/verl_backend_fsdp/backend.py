@@ -158,6 +158,11 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
 def _load_reward_model(spec: ModelSpec, dtype: torch.dtype, hf_config: Any) -> torch.nn.Module:
     from transformers import AutoModelForSequenceClassification
 
+    architectures = getattr(hf_config, "architectures", None) or []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        # Loading would succeed with a freshly initialised (random) score head: refuse instead.
+        raise ValueError(f"reward.model_path: {spec.path!r} is not a sequence-classification model "
+                         f"(architectures {architectures}); a reward model has a trained score head")
     try:
         module = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype,
                                                                     trust_remote_code=spec.trust_remote_code)

@@ -15,6 +15,8 @@ plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=Tru
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(config_app, name="config")
+data_app = typer.Typer(help="Prepare datasets.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 
 USER_ERROR_EXIT = 2
 
@@ -24,8 +26,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from verl_core.config import ConfigError
     from verl_core.data import DataError
     from verl_core.registry import PluginError
+    from verl_core.reward_plugins import RewardError
 
-    return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError)
+    return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError, RewardError)
 
 
 def _guard(fn: Callable[[], Any]) -> Any:
@@ -165,6 +168,28 @@ def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directo
 
         ckpt = export_checkpoint(path, hf_dir)
         typer.echo(f"exported {ckpt} -> {hf_dir}")
+
+    _guard(go)
+
+
+@data_app.command("prepare")
+def data_prepare(
+    dataset: str = typer.Argument(..., help="gsm8k or math."),
+    inputs: List[Path] = typer.Option(..., "--input", "-i", help="The dataset's own file or directory "
+                                      "(repeatable: e.g. train.jsonl and test.jsonl)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for <split>.parquet."),
+    split: Optional[str] = typer.Option(None, help="Split of every input (default: from each file's path)."),
+    instruction: Optional[str] = typer.Option(None, help="Text appended to each question ('' for none)."),
+    data_source: Optional[str] = typer.Option(None, help="data_source of the rows (default: verl's name)."),
+) -> None:
+    """Convert GSM8K / MATH files into verl-format parquet, extracting the ground truths."""
+    def go() -> None:
+        from verl_core.data_prepare import prepare
+
+        result = prepare(dataset, inputs, output, split=split, instruction=instruction, data_source=data_source)
+        for name, s in result.splits.items():
+            note = f"; skipped {s.skipped} without an answer (first: {s.first_skipped})" if s.skipped else ""
+            typer.echo(f"{dataset} {name}: {s.rows} rows -> {s.path}{note}")
 
     _guard(go)
 

@@ -1,27 +1,57 @@
 """Prompt data: loading rows, rendering prompts to token ids, and a resumable sampling order.
 
-Rows come in the verl format (``data_source``, ``prompt`` as a chat message list,
-``reward_model.ground_truth``, ``extra_info``) or as plain prompt/answer columns. Each loaded row
-becomes a dict with ``prompt_ids``, ``prompt_text``, ``ground_truth``, ``data_source`` and
-``extra_info``.
+Rows are read with the ``datasets`` library from a parquet / jsonl / json file, a local Hugging Face
+dataset directory (``save_to_disk`` output, or a folder of data files such as a cloned Hub repository),
+or a Hub dataset id where a network exists. Two shapes are understood:
+
+* the verl format, as is: ``data_source``, ``prompt`` (a chat message list), ``ability``,
+  ``reward_model`` (``{"style": "rule", "ground_truth": ...}``) and ``extra_info``;
+* plain text columns: a prompt string and an answer, with the column names set by ``data.prompt_key``
+  and ``data.answer_key`` (``data.data_source`` then names the rows' source).
+
+Each loaded row becomes a dict with ``prompt_ids``, ``prompt_text``, ``prompt_messages``,
+``ground_truth``, ``data_source``, ``extra_info`` and ``raw`` (every column of the original row).
+Prompts are rendered with the tokenizer's chat template (or kept as raw text), and prompts longer than
+``data.max_prompt_length`` are dropped and counted, truncated, or refused, as ``data.overlong`` says.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-__all__ = ["load_rows", "tokenize_rows", "PromptSampler", "DataError"]
+__all__ = ["load_rows", "tokenize_rows", "render_rows", "build_datasets", "PromptStats", "PromptSampler",
+           "DataError", "OVERLONG_MODES"]
+
+logger = logging.getLogger("verl.data")
+
+OVERLONG_MODES = ("filter", "truncate_left", "truncate_right", "truncate_middle", "error")
+# "owner/name" on the Hugging Face Hub (a path that does not exist locally and has this shape).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class DataError(ValueError):
     """Data that cannot be used, with the file and the fix."""
 
 
+# ----------------------------------------------------------------------------- loading
 def load_rows(spec: str, *, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
-    """Raw rows from ``builtin:addition`` or a parquet / jsonl / json file or dataset directory."""
+    """Raw rows (plain dicts) from ``builtin:addition``, a file, a dataset directory or a Hub id.
+
+    Args:
+        spec: what to load (see the module docstring).
+        split: the split to take from sources that hold several (dataset directories, Hub ids,
+            ``builtin:addition``); a single file is one split already.
+        seed: unused; kept for callers that pass it.
+
+    Raises:
+        DataError: the source does not exist, has an unsupported type, or lacks the split.
+    """
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name != "addition":
@@ -30,78 +60,255 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0) -> list[dict[st
 
         train, test = make_dataset(seed=0)
         return train if split == "train" else test
-    path = Path(spec)
-    if not path.exists():
-        raise DataError(f"data file {spec!r} does not exist (use a parquet/jsonl/json file, a dataset "
-                        f"directory, or builtin:addition)")
+    import datasets
+    from datasets.utils import logging as ds_logging
+
+    # "Generating train split" bars for every small file are noise in a training log.
+    bars = ds_logging.is_progress_bar_enabled()
+    ds_logging.disable_progress_bar()
+    try:
+        return _load(spec, split)
+    finally:
+        if bars:
+            ds_logging.enable_progress_bar()
+
+
+def _load(spec: str, split: str) -> list[dict[str, Any]]:
     import datasets
 
+    path = Path(spec).expanduser()
     if path.is_dir():
-        ds = datasets.load_from_disk(str(path))
-        if isinstance(ds, datasets.DatasetDict):
-            if split not in ds:
-                raise DataError(f"{spec}: no {split!r} split; splits are {list(ds)}")
-            ds = ds[split]
-    else:
+        ds = _load_directory(path, split, spec)
+    elif path.is_file():
         suffix = path.suffix.lower()
         fmt = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(suffix)
         if fmt is None:
             raise DataError(f"{spec}: unsupported file type {suffix!r}; use .parquet, .jsonl or .json")
-        ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+        try:
+            ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+        except Exception as exc:  # noqa: BLE001 - datasets raises many types for a malformed file
+            raise DataError(f"{spec}: cannot read it as {fmt}: {type(exc).__name__}: {exc}") from exc
+    elif _HUB_ID.match(spec):
+        try:
+            ds = datasets.load_dataset(spec, split=split)
+        except Exception as exc:  # noqa: BLE001 - offline, unknown id, missing split, ...
+            raise DataError(f"{spec!r} is not a local file or directory, and loading it from the Hugging Face Hub "
+                            f"(split {split!r}) failed: {type(exc).__name__}: {exc}. Without a network, download "
+                            f"the files elsewhere and point data.train / data.val at them") from exc
+    else:
+        raise DataError(f"data file {spec!r} does not exist (use a parquet/jsonl/json file, a dataset "
+                        f"directory, a Hugging Face Hub id, or builtin:addition)")
     return [dict(r) for r in ds]
+
+
+def _load_directory(path: Path, split: str, spec: str) -> Any:
+    import datasets
+
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"{spec}: no {split!r} split; splits are {list(ds)} (set data.train_split / "
+                                f"data.val_split)")
+            ds = ds[split]
+        return ds
+    # A folder of data files, e.g. a Hub repository cloned or downloaded by hand.
+    try:
+        loaded = datasets.load_dataset(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"{spec}: not a dataset directory (no save_to_disk files, and no readable data files): "
+                        f"{type(exc).__name__}: {exc}") from exc
+    if split not in loaded:
+        if len(loaded) == 1 and split == "train":
+            return next(iter(loaded.values()))
+        raise DataError(f"{spec}: no {split!r} split; splits are {list(loaded)} (set data.train_split / "
+                        f"data.val_split)")
+    return loaded[split]
+
+
+# ----------------------------------------------------------------------------- rendering
+@dataclass
+class PromptStats:
+    """What happened to the rows of one source while rendering.
+
+    Attributes:
+        rows: rows read.
+        kept: rows that became prompts.
+        dropped: rows dropped for being longer than ``data.max_prompt_length`` (``overlong="filter"``).
+        truncated: prompts cut to ``data.max_prompt_length`` (``overlong="truncate_*"``).
+        missing_ground_truth: kept rows with neither ``reward_model.ground_truth`` nor an answer column.
+        raw_text_fallback: chat template asked for, but the tokenizer has none (raw text used).
+    """
+
+    rows: int = 0
+    kept: int = 0
+    dropped: int = 0
+    truncated: int = 0
+    missing_ground_truth: int = 0
+    raw_text_fallback: bool = False
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        return {f"data/{prefix}_prompts": float(self.kept), f"data/{prefix}_overlong_dropped": float(self.dropped),
+                f"data/{prefix}_overlong_truncated": float(self.truncated)}
 
 
 def _ground_truth(row: dict[str, Any], answer_key: str) -> Any:
     rm = row.get("reward_model")
-    if isinstance(rm, dict) and "ground_truth" in rm:
+    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
         return rm["ground_truth"]
     return row.get(answer_key)
 
 
-def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: str, answer_key: str,
-                  max_prompt_length: int, overlong: str, apply_chat_template: bool, source: str,
-                  ) -> tuple[list[dict[str, Any]], int]:
-    """Render and tokenize prompts. Returns ``(rows, dropped)`` where ``dropped`` were too long."""
-    out: list[dict[str, Any]] = []
-    dropped = 0
+def _messages(prompt: Any, *, source: str, index: int, prompt_key: str, system_prompt: str) -> list[dict[str, str]]:
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) and "content" in m for m in prompt):
+        messages = [{"role": str(m.get("role") or "user"), "content": str(m["content"])} for m in prompt]
+    else:
+        raise DataError(f"{source}: row {index}: column {prompt_key!r} must be a string or a list of chat messages "
+                        f"({{'role': ..., 'content': ...}}), got {type(prompt).__name__}: {str(prompt)[:80]!r}")
+    if not messages:
+        raise DataError(f"{source}: row {index}: column {prompt_key!r} is an empty message list")
+    if system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def _cut(ids: list[int], limit: int, mode: str) -> list[int]:
+    if mode == "truncate_left":  # keep the end: the question and the generation prompt
+        return ids[-limit:]
+    if mode == "truncate_right":
+        return ids[:limit]
+    head = limit // 2
+    return ids[:head] + ids[len(ids) - (limit - head):]
+
+
+def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: str = "prompt",
+                answer_key: str = "answer", max_prompt_length: int = 512, overlong: str = "filter",
+                apply_chat_template: bool = True, source: str = "data", system_prompt: str = "",
+                data_source: str = "") -> tuple[list[dict[str, Any]], PromptStats]:
+    """Render and tokenize prompts (see the module docstring). Returns ``(rows, stats)``.
+
+    Raises:
+        DataError: a row lacks the prompt column or has a malformed prompt, a prompt is too long with
+            ``overlong="error"``, or no row is left.
+    """
+    if overlong not in OVERLONG_MODES:
+        raise DataError(f"data.overlong={overlong!r}: use one of {list(OVERLONG_MODES)}")
+    stats = PromptStats(rows=len(rows))
+    use_template = apply_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    stats.raw_text_fallback = apply_chat_template and not use_template
+    texts: list[str] = []
+    all_messages: list[list[dict[str, str]]] = []
     for i, row in enumerate(rows):
         if prompt_key not in row:
             raise DataError(f"{source}: row {i} has no {prompt_key!r} column; columns are {sorted(row)} "
                             f"(set data.prompt_key)")
         prompt = row[prompt_key]
-        if isinstance(prompt, str):
-            messages = [{"role": "user", "content": prompt}]
-        else:
-            messages = list(prompt)
-        if apply_chat_template and getattr(tokenizer, "chat_template", None):
+        messages = _messages(prompt, source=source, index=i, prompt_key=prompt_key, system_prompt=system_prompt)
+        if use_template:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        elif isinstance(prompt, str) and not system_prompt:
+            text = prompt
         else:
-            text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            text = "\n".join(m["content"] for m in messages)
+        texts.append(text)
+        all_messages.append(messages)
+    # Chat templates write the special tokens themselves; raw text gets the tokenizer's own (e.g. BOS).
+    encoded = tokenizer(texts, add_special_tokens=not use_template)["input_ids"] if texts else []
+    out: list[dict[str, Any]] = []
+    for i, (row, text, messages, ids) in enumerate(zip(rows, texts, all_messages, encoded)):
+        ids = list(ids)
         if len(ids) > max_prompt_length:
             if overlong == "error":
                 raise DataError(f"{source}: row {i} has a {len(ids)}-token prompt, longer than "
-                                f"data.max_prompt_length={max_prompt_length} (raise it or set data.overlong='filter')")
-            dropped += 1
-            continue
+                                f"data.max_prompt_length={max_prompt_length} (raise it, or set data.overlong to "
+                                f"'filter' or 'truncate_left')")
+            if overlong == "filter":
+                stats.dropped += 1
+                continue
+            ids = _cut(ids, max_prompt_length, overlong)
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            stats.truncated += 1
+        truth = _ground_truth(row, answer_key)
+        if truth is None:
+            stats.missing_ground_truth += 1
         out.append({
             "prompt_ids": ids,
             "prompt_text": text,
-            "ground_truth": _ground_truth(row, answer_key),
-            "data_source": row.get("data_source") or "default",
+            "prompt_messages": messages,
+            "ground_truth": truth,
+            "data_source": row.get("data_source") or data_source or "default",
             "extra_info": row.get("extra_info") or {},
             "raw": row,  # everything else the row carries (preference pairs, images, tools, ...)
         })
+    stats.kept = len(out)
     if not out:
-        raise DataError(f"{source}: no usable prompts ({dropped} longer than data.max_prompt_length)")
-    return out, dropped
+        raise DataError(f"{source}: no usable prompts ({stats.dropped} of {stats.rows} longer than "
+                        f"data.max_prompt_length={max_prompt_length}; raise it or set data.overlong='truncate_left')")
+    return out, stats
 
 
+def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: str, answer_key: str,
+                  max_prompt_length: int, overlong: str, apply_chat_template: bool, source: str,
+                  system_prompt: str = "", data_source: str = "") -> tuple[list[dict[str, Any]], int]:
+    """:func:`render_rows` returning ``(rows, dropped)``, the older form."""
+    out, stats = render_rows(rows, tokenizer, prompt_key=prompt_key, answer_key=answer_key,
+                             max_prompt_length=max_prompt_length, overlong=overlong,
+                             apply_chat_template=apply_chat_template, source=source, system_prompt=system_prompt,
+                             data_source=data_source)
+    return out, stats.dropped
+
+
+def build_datasets(config: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    """Training and validation prompts from a :class:`~verl_core.config.DataConfig`.
+
+    Returns ``(train_rows, val_rows, stats)``; ``stats`` holds ``data/...`` counts for the metrics. Dropped
+    and truncated prompts are also reported on the ``verl.data`` logger.
+    """
+    common = dict(prompt_key=config.prompt_key, answer_key=config.answer_key,
+                  max_prompt_length=config.max_prompt_length, overlong=config.overlong,
+                  apply_chat_template=config.apply_chat_template, system_prompt=config.system_prompt,
+                  data_source=config.data_source)
+    train, train_stats = render_rows(load_rows(config.train, split=config.train_split), tokenizer,
+                                     source=config.train, **common)
+    stats = train_stats.metrics("train")
+    _report(config, "training", train_stats)
+    val_spec = config.val or (config.train if config.train.startswith("builtin:") else "")
+    val: list[dict[str, Any]] = []
+    if val_spec:
+        val, val_stats = render_rows(load_rows(val_spec, split=config.val_split), tokenizer, source=val_spec,
+                                     **common)
+        _report(config, "validation", val_stats)
+        if config.max_val_samples:
+            val = val[: config.max_val_samples]
+        stats.update(val_stats.metrics("val"))
+        stats["data/val_prompts"] = float(len(val))
+    return train, val, stats
+
+
+def _report(config: Any, what: str, stats: PromptStats) -> None:
+    if stats.dropped:
+        logger.warning("data: dropped %d of %d %s prompts longer than data.max_prompt_length=%d "
+                       "(data.overlong='filter')", stats.dropped, stats.rows, what, config.max_prompt_length)
+    if stats.truncated:
+        logger.warning("data: truncated %d of %d %s prompts to data.max_prompt_length=%d (data.overlong=%r)",
+                       stats.truncated, stats.rows, what, config.max_prompt_length, config.overlong)
+    if stats.raw_text_fallback:
+        logger.warning("data: the tokenizer has no chat template; %s prompts are used as raw text "
+                       "(set data.apply_chat_template=false to say so)", what)
+    if stats.missing_ground_truth:
+        logger.warning("data: %d %s rows have no reward_model.ground_truth and no %r column (set data.answer_key "
+                       "if the answer is in another column)", stats.missing_ground_truth, what, config.answer_key)
+
+
+# ----------------------------------------------------------------------------- sampling order
 class PromptSampler:
     """Seeded, epoch-wise shuffled batches of prompt indices whose position can be saved.
 
     The order of epoch ``e`` depends only on ``(seed, e)``, so a resumed run draws exactly the
-    prompts the uninterrupted run would have. A short last batch is dropped.
+    prompts the uninterrupted run would have, including across an epoch boundary. A short last
+    batch is dropped.
     """
 
     def __init__(self, size: int, batch_size: int, *, seed: int, shuffle: bool = True) -> None:

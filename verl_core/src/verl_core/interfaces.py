@@ -188,7 +188,7 @@ class BackendConfig:
 
 
 class TrainingWorker(abc.ABC):
-    """One model role (actor, critic, reference) on one rank of a training backend."""
+    """One model role (actor, critic, reference, reward model) on one rank of a training backend."""
 
     role: Role
 
@@ -211,6 +211,11 @@ class TrainingWorker(abc.ABC):
     def update_values(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
         """Optimise the value head on ``batch`` with ``loss_fn``; returns averaged metrics."""
         raise NotImplementedError(f"the {self.role.value} role has no value head")
+
+    @dispatch("split")
+    def compute_scores(self, batch: Batch) -> torch.Tensor:
+        """Reward-model scores ``[B]``: one per (prompt, response) row, read at its last real token."""
+        raise NotImplementedError(f"the {self.role.value} role has no reward head")
 
     @dispatch("broadcast")
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -481,15 +486,9 @@ class Algorithm(abc.ABC):
 
 
 # ----------------------------------------------------------------------------- rewards
-@dataclass
-class RewardInput:
-    """What a reward function is given for a batch of responses."""
+# Defined next to the reward loaders, which also run in torch-free reward worker processes.
+from verl_core.reward_plugins import RewardInput  # noqa: E402
 
-    responses: list[str]
-    prompts: list[str]
-    ground_truths: list[Any]
-    data_sources: list[str]
-    extra_infos: list[dict[str, Any]] = field(default_factory=list)
 
 
 @runtime_checkable

@@ -49,7 +49,7 @@ def build_batch(prompts: Sequence[dict[str, Any]], output: RolloutOutput, *, n: 
     rollout_lp = None
     if output.log_probs is not None:
         rollout_lp = right_pad(output.log_probs, 0.0, torch.float32, width)
-    meta_keys = ("ground_truth", "data_source", "extra_info", "prompt_text")
+    meta_keys = ("ground_truth", "data_source", "extra_info", "prompt_text", "prompt_messages")
     return Batch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,

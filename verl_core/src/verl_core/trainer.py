@@ -27,7 +27,7 @@ from verl_core.config import (
     resolve_config,
 )
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
-from verl_core.data import PromptSampler, load_rows, tokenize_rows
+from verl_core.data import PromptSampler, build_datasets
 from verl_core.hooks import build_plugin_manager
 from verl_core.interfaces import ModelSpec, Role
 from verl_core.registry import PluginRegistry
@@ -51,6 +51,11 @@ def resolve_model_path(path: str) -> str:
     if path.startswith("builtin:"):
         raise ValueError(f"model.path: unknown built-in model {path!r}; available: {BUILTIN_MODEL}")
     return path
+
+
+def _create_reward_model_worker(backend: Any, model: ModelSpec, seed: int, world: Any) -> Any:
+    # Module level, not a closure: executors may pickle the factory into worker processes.
+    return backend.create_worker(role=Role.REWARD_MODEL, model=model, world=world, seed=seed)
 
 
 class Trainer:
@@ -128,8 +133,9 @@ class Trainer:
         self.train_rows, self.val_rows = self._load_data()
         self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
                                      shuffle=cfg.data.shuffle)
-        self.reward = RewardManager(registry=self.registry, tokenizer=self.tokenizer, name=cfg.reward.name,
-                                    on_error=cfg.reward.on_error)
+        # Every data_source's reward is resolved now: a missing one fails before any model loads.
+        self.reward = RewardManager(registry=self.registry, tokenizer=self.tokenizer, config=cfg.reward,
+                                    data_sources={r["data_source"] for r in (*self.train_rows, *self.val_rows)})
 
         self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
         backend = self.registry.load("backend", cfg.backend.name)(cfg.backend.config)
@@ -160,21 +166,30 @@ class Trainer:
         except BaseException:
             self.executor.shutdown()  # workers already started must not outlive a failed set-up
             raise
+        if cfg.reward.model_path:
+            try:
+                self._start_reward_model(backend)
+            except BaseException:
+                self.executor.shutdown()
+                raise
         self._ready = True
 
+    def _start_reward_model(self, backend: Any) -> None:
+        """Start the ``reward_model`` worker group on the training backend and hand it to the rewards."""
+        import functools
+
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        spec = ModelSpec(path=cfg.reward.model_path, dtype=cfg.model.dtype,
+                         trust_remote_code=cfg.model.trust_remote_code)
+        factory = functools.partial(_create_reward_model_worker, backend, spec, cfg.run.seed)
+        group = self.executor.create_group(role=Role.REWARD_MODEL, factory=factory)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.reward.model_path, trust_remote_code=cfg.model.trust_remote_code)
+        self.reward.attach_reward_model(group, tokenizer)
+
     def _load_data(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        d = self.config.data
-        common = dict(prompt_key=d.prompt_key, answer_key=d.answer_key, max_prompt_length=d.max_prompt_length,
-                      overlong=d.overlong, apply_chat_template=d.apply_chat_template)
-        train, dropped = tokenize_rows(load_rows(d.train, split="train"), self.tokenizer, source=d.train, **common)
-        self.data_stats = {"data/train_prompts": float(len(train)), "data/train_overlong_dropped": float(dropped)}
-        val_spec = d.val or (d.train if d.train.startswith("builtin:") else "")
-        val: list[dict[str, Any]] = []
-        if val_spec:
-            val, vdrop = tokenize_rows(load_rows(val_spec, split="test"), self.tokenizer, source=val_spec, **common)
-            self.data_stats["data/val_overlong_dropped"] = float(vdrop)
-            if d.max_val_samples:
-                val = val[: d.max_val_samples]
+        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer)
         return train, val
 
     def _resume(self) -> None:
@@ -207,6 +222,7 @@ class Trainer:
         cfg = self.config.run
         hook = self.hooks.hook
         hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=cfg.max_steps)
+        hook.verl_metrics(step=self.step, metrics=dict(self.data_stats))  # prompts kept, dropped, truncated
         last: dict[str, float] = {}
         status, error = "completed", None
         try:
@@ -237,6 +253,7 @@ class Trainer:
         finally:
             hook.verl_run_end(step=self.step, status=status, error=error)
             self.executor.shutdown()
+            self.reward.close()
         return last
 
     def run_step(self) -> dict[str, float]:
@@ -280,7 +297,8 @@ class Trainer:
         rows = self.val_rows
         chunk = self.config.data.val_batch_size or len(rows)
         texts: list[str] = []
-        meta: dict[str, list[Any]] = {"ground_truth": [], "data_source": [], "extra_info": [], "prompt_text": []}
+        meta: dict[str, list[Any]] = {"ground_truth": [], "data_source": [], "extra_info": [], "prompt_text": [],
+                                      "prompt_messages": []}
         start = time.perf_counter()
         for s in range(0, len(rows), chunk):
             part = rows[s:s + chunk]
@@ -293,8 +311,8 @@ class Trainer:
         scores, reward_metrics = self.reward.score_texts(texts, meta)
         metrics = {"val/reward_mean": float(scores.mean()), "val/samples": float(len(texts)),
                    "timing/validation": time.perf_counter() - start}
-        metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items()
-                        if k.endswith("/mean") and k.count("/") == 2})
+        metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items() if k.endswith("/mean")})
+        metrics["val/reward_errors"] = reward_metrics.get("reward/errors", 0.0)
         self.hooks.hook.verl_validation_end(step=self.step, metrics=metrics)
         self.hooks.hook.verl_metrics(step=self.step, metrics=metrics)
         return metrics

@@ -20,6 +20,8 @@ Suites:
 Helpers:
     :func:`make_batch`: a small synthetic :class:`~verl_core.batch.Batch`.
     :func:`tiny_model_dir`: the built-in tiny model written to a directory.
+    :func:`tiny_text_model_dir`, :func:`tiny_reward_model_dir`: tiny Qwen2 causal LM / reward model with a
+    byte-level tokenizer (:func:`build_byte_tokenizer`) that encodes any text.
 
 Importing this package needs pytest (it is a test-time dependency, ``verl-core[test]``).
 """
@@ -28,5 +30,7 @@ from verl_core.testing._algorithm import AlgorithmConformance
 from verl_core.testing._backend import BackendConformance
 from verl_core.testing._factories import make_batch, tiny_model_dir
 from verl_core.testing._rollout import RolloutConformance
+from verl_core.testing._text_models import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 
-__all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir"]
+__all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir",
+           "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir"]
