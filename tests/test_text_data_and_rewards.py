@@ -1,4 +1,4 @@
-"""Real datasets and rewards through the `verl` CLI: a prepared GSM8K sample, a reward plugin package, a reward model."""
+"""Real datasets and rewards through `verl run`: a prepared GSM8K sample, a reward plugin package, a reward model."""
 
 import json
 import subprocess

@@ -154,8 +154,9 @@ def test_a_failing_reward_stops_the_run_with_the_row_or_scores_zero_and_is_count
         bad.score_texts(["x"], meta(["x"], ["src"]))
 
 
-def test_a_hanging_reward_is_killed_at_the_time_limit_and_the_rest_is_scored(registry, rewards_file):
-    m = manager(registry, name=f"file:{rewards_file}:flaky", on_error="zero", timeout=1.0)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_hanging_reward_is_killed_at_the_time_limit_and_the_rest_is_scored(registry, rewards_file, workers):
+    m = manager(registry, name=f"file:{rewards_file}:flaky", on_error="zero", timeout=1.0, workers=workers)
     try:
         start = time.monotonic()
         scores, metrics = m.score_texts(["1", "hang", "1", "0"], meta(["1"] * 4, ["src"] * 4))

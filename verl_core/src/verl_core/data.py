@@ -60,7 +60,6 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0) -> list[dict[st
 
         train, test = make_dataset(seed=0)
         return train if split == "train" else test
-    import datasets
     from datasets.utils import logging as ds_logging
 
     # "Generating train split" bars for every small file are noise in a training log.

@@ -49,7 +49,6 @@ __all__ = [
     "batch_reward",
     "load_reward",
     "resolve_data_source",
-    "call_batch",
     "call_sample",
     "as_score",
 ]
@@ -355,11 +354,6 @@ def call_sample(fn: Callable[..., Any], inputs: RewardInput, i: int, *, position
             if key not in taken and key not in kwargs and not (key == "response" and "solution_str" in kwargs):
                 kwargs[key] = values[key]
     return fn(*args, **kwargs)
-
-
-def call_batch(fn: Callable[[RewardInput], Any], inputs: RewardInput) -> Any:
-    """Call a batch reward; the result may be an awaitable."""
-    return fn(inputs)
 
 
 def as_score(value: Any) -> float:

@@ -178,7 +178,7 @@ class MathReward:
     def __init__(self, config: MathConfig | None = None) -> None:
         self.config = config or MathConfig()
         try:
-            import math_verify  # noqa: F401
+            import math_verify  # noqa: F401 - fail at start-up, not on the first response
         except ImportError as exc:  # pragma: no cover - a dependency of verl-core
             raise ImportError("the math reward needs math-verify: pip install 'math-verify>=0.7'") from exc
 

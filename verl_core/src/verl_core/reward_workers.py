@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 from verl_core.reward_plugins import (
     LoadedReward,
+    RewardError,
     RewardInput,
     as_score,
     call_sample,
@@ -68,6 +69,8 @@ def _score_or_error(value: Any) -> Outcome:
         return Outcome(error=str(value), timed_out=True)
     if isinstance(value, BaseException):
         return Outcome(error=_describe(value))
+    if isinstance(value, _Invalid):
+        return Outcome(error=value.message)
     try:
         return Outcome(score=as_score(value))
     except (TypeError, ValueError) as exc:
@@ -143,7 +146,7 @@ def _run_task(conn: Connection, reward: LoadedReward, inputs: RewardInput, indic
         for i in indices:
             try:
                 value = call_sample(reward.fn, inputs, i, positional=reward.positional_response)
-                conn.send(("item", i, value if isinstance(value, (int, float)) else _plain(value), None))
+                conn.send(("item", i, _plain(value), None))
             except Exception as exc:  # noqa: BLE001 - reported per row
                 conn.send(("item", i, None, _describe(exc)))
         conn.send(("done",))
@@ -267,7 +270,8 @@ def _worker_entry() -> None:
 @dataclass
 class _Job:
     worker: _Worker
-    pending: list[int]       # rows sent and not reported yet, in the order the worker scores them
+    rows: list[int]          # the caller's row index of each row sent (the worker numbers them 0..k-1)
+    pending: list[int]       # the worker's rows not reported yet, in the order it scores them
     deadline: float
 
 
@@ -322,28 +326,37 @@ class RewardWorkerPool:
 
         def send(worker: _Worker, rows: list[int]) -> _Job:
             worker.wait_ready()
-            worker.conn.send(("task", key, payload, inputs, rows, timeout))
-            return _Job(worker, list(rows), time.monotonic() + limit + slack if limit else float("inf"))
+            local = list(range(len(rows)))
+            worker.conn.send(("task", key, payload, inputs.select(rows), local, timeout))
+            return _Job(worker, list(rows), local, time.monotonic() + limit + slack if limit else float("inf"))
 
         size = -(-n // min(n, len(self._workers)))
         jobs = [send(w, list(range(s, min(n, s + size)))) for w, s in zip(self._workers, range(0, n, size))]
-        while jobs:
-            soonest = min(j.deadline for j in jobs)
-            ready = wait([j.worker.conn for j in jobs],
-                         timeout=None if soonest == float("inf") else max(0.0, soonest - time.monotonic()))
-            still: list[_Job] = []
+        try:
+            while jobs:
+                soonest = min(j.deadline for j in jobs)
+                ready = wait([j.worker.conn for j in jobs],
+                             timeout=None if soonest == float("inf") else max(0.0, soonest - time.monotonic()))
+                still: list[_Job] = []
+                for job in jobs:
+                    if job.worker.conn in ready:
+                        follow = self._on_message(job, outcomes, per_row, limit)
+                    elif time.monotonic() >= job.deadline:
+                        follow = self._on_timeout(job, outcomes, per_row, limit)
+                    else:
+                        follow = _KEEP  # still busy, within its deadline
+                    if follow is _KEEP:
+                        still.append(job)
+                    elif follow is not _DONE:
+                        still.append(send(job.worker, [job.rows[i] for i in follow]))
+                jobs = still
+        except BaseException:
+            # Interrupted mid-call (Ctrl-C, a broken worker): busy workers would answer the next call
+            # with this call's results, so replace them.
             for job in jobs:
-                if job.worker.conn in ready:
-                    follow = self._on_message(job, outcomes, per_row, limit)
-                elif time.monotonic() >= job.deadline:
-                    follow = self._on_timeout(job, outcomes, per_row, limit)
-                else:
-                    follow = _KEEP  # still busy, within its deadline
-                if follow is _KEEP:
-                    still.append(job)
-                elif follow is not _DONE:
-                    still.append(send(job.worker, follow))
-            jobs = still
+                if job.worker in self._workers:
+                    self._replace(job.worker)
+            raise
         return [o if o is not None else Outcome(error="the reward returned no result") for o in outcomes]
 
     def _on_message(self, job: _Job, outcomes: list[Outcome | None], per_row: bool,
@@ -359,7 +372,7 @@ class RewardWorkerPool:
         kind = msg[0]
         if kind == "item":
             _, i, value, error = msg
-            outcomes[i] = self._outcome(value, error)
+            outcomes[job.rows[i]] = self._outcome(value, error)
             if i in job.pending:
                 job.pending.remove(i)
             if per_row and limit:
@@ -369,17 +382,16 @@ class RewardWorkerPool:
             _, values, error = msg
             if error is not None:
                 for i in job.pending:
-                    outcomes[i] = self._outcome(None, error)
+                    outcomes[job.rows[i]] = self._outcome(None, error)
             else:
                 values = values if isinstance(values, list) else [values]
-                values = [v.message if isinstance(v, _Invalid) else v for v in values]
                 for i, o in zip(job.pending, _batch_outcomes(values, len(job.pending))):
-                    outcomes[i] = o
+                    outcomes[job.rows[i]] = o
             return _DONE
         if kind == "done":
             return _DONE
         if kind == "fatal":
-            raise RuntimeError(f"the reward worker could not run the reward:\n{msg[1]}")
+            raise RewardError(f"the reward worker process could not run the reward:\n{msg[1]}")
         raise RuntimeError(f"unexpected message from a reward worker: {msg!r}")  # pragma: no cover
 
     def _on_timeout(self, job: _Job, outcomes: list[Outcome | None], per_row: bool,
@@ -395,7 +407,7 @@ class RewardWorkerPool:
         """
         failed, rest = (job.pending[:1], job.pending[1:]) if per_row else (job.pending, [])
         for i in failed:
-            outcomes[i] = Outcome(error=message, timed_out=timed_out)
+            outcomes[job.rows[i]] = Outcome(error=message, timed_out=timed_out)
         job.worker = self._replace(job.worker)
         return rest or _DONE
 
@@ -405,6 +417,4 @@ class RewardWorkerPool:
             if error.startswith("TIMEOUT "):
                 return Outcome(error=error[len("TIMEOUT "):], timed_out=True)
             return Outcome(error=error)
-        if isinstance(value, _Invalid):
-            return Outcome(error=value.message)
         return _score_or_error(value)

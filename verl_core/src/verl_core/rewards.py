@@ -142,7 +142,8 @@ class RewardManager:
             if key not in known:
                 close = difflib.get_close_matches(key, sorted(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise RewardSpecError(f"reward.options.{key}", f"no reward named {key!r}{hint}; rewards: {sorted(known)}")
+                raise RewardSpecError(f"reward.options.{key}",
+                                      f"no reward named {key!r}{hint}; rewards: {sorted(known)}")
 
     # ------------------------------------------------------------------ reward model
     def attach_reward_model(self, group: Any, tokenizer: Any) -> None:
@@ -196,7 +197,8 @@ class RewardManager:
             return self._pool.score(reward, inputs, timeout=self.config.timeout)
         return score_inline(reward, inputs, timeout=self.config.timeout)
 
-    def score_texts(self, responses: Sequence[str], meta: dict[str, list[Any]]) -> tuple[torch.Tensor, dict[str, float]]:
+    def score_texts(self, responses: Sequence[str], meta: dict[str, list[Any]],
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores ``[N]`` for decoded responses with their per-sample ``meta`` lists, plus metrics.
 
         ``meta`` holds ``ground_truth``, ``data_source``, ``extra_info``, ``prompt_text`` and (for the
@@ -204,7 +206,8 @@ class RewardManager:
         """
         n = len(responses)
         sources = [s or "default" for s in (meta.get("data_source") or [None] * n)]
-        inputs = RewardInput(responses=list(responses), prompts=[p or "" for p in (meta.get("prompt_text") or [None] * n)],
+        prompts = [p or "" for p in (meta.get("prompt_text") or [None] * n)]
+        inputs = RewardInput(responses=list(responses), prompts=prompts,
                              ground_truths=list(meta.get("ground_truth") or [None] * n), data_sources=sources,
                              extra_infos=[e or {} for e in (meta.get("extra_info") or [None] * n)])
         total = torch.zeros(n, dtype=torch.float32)
