@@ -137,6 +137,8 @@ def _worker_main(conn: Connection) -> None:
         except Exception:  # noqa: BLE001 - the controller reports it
             conn.send(("fatal", traceback.format_exc(limit=5)))
             continue
+        # Building a reward may import heavy modules (math-verify, sympy): that is not the reward's time.
+        conn.send(("loaded",))
         _run_task(conn, reward, inputs, indices, timeout)
 
 
@@ -273,6 +275,7 @@ class _Job:
     rows: list[int]          # the caller's row index of each row sent (the worker numbers them 0..k-1)
     pending: list[int]       # the worker's rows not reported yet, in the order it scores them
     deadline: float
+    slack: float = 0.0       # extra time past reward.timeout (async rewards time themselves out first)
 
 
 class RewardWorkerPool:
@@ -328,7 +331,8 @@ class RewardWorkerPool:
             worker.wait_ready()
             local = list(range(len(rows)))
             worker.conn.send(("task", key, payload, inputs.select(rows), local, timeout))
-            return _Job(worker, list(rows), local, time.monotonic() + limit + slack if limit else float("inf"))
+            deadline = time.monotonic() + limit + slack if limit else float("inf")
+            return _Job(worker, list(rows), local, deadline, slack)
 
         size = -(-n // min(n, len(self._workers)))
         jobs = [send(w, list(range(s, min(n, s + size)))) for w, s in zip(self._workers, range(0, n, size))]
@@ -370,6 +374,10 @@ class RewardWorkerPool:
                        f"scoring this row")
             return self._fail_current(job, outcomes, per_row, message, timed_out=False)
         kind = msg[0]
+        if kind == "loaded":  # the clock starts once the reward is built
+            if limit:
+                job.deadline = time.monotonic() + limit + job.slack
+            return _KEEP
         if kind == "item":
             _, i, value, error = msg
             outcomes[job.rows[i]] = self._outcome(value, error)
