@@ -70,7 +70,8 @@ class RunConfig:
         val_before_train: validate before the first step.
         loggers: metric sinks by plugin name (``console``, ``jsonl``, ``tensorboard``, ``wandb``).
         disable_hooks: installed ``verl.hooks`` plugins to leave out.
-        threads: torch threads in this process (0: all cores divided by the worker processes).
+        threads: torch threads in this process (0: half the cores, at least 1; on small CPUs more
+            threads than cores across processes makes everything many times slower).
         project: project name for experiment trackers.
         name: run name for experiment trackers (default: the output directory's name).
     """
@@ -355,6 +356,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any) -> Config:
     engine imports out of module scope, so this stays cheap and happens before any model loads.
     """
     known = [*FIXED_SECTIONS, *PLUGIN_SECTIONS]
+    raw = _with_model_preset(raw)
     for section, value in raw.items():
         if section not in known:
             raise ConfigError(section, f"unknown section{_suggest(section, known)}; sections are {known}")
@@ -377,6 +379,23 @@ def resolve_config(raw: Mapping[str, Any], registry: Any) -> Config:
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
     return Config(**built)
+
+
+def _with_model_preset(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Layer the recommended settings of a built-in model under the user's own.
+
+    A built-in model ships the settings it was tuned with (like a Hugging Face model ships its
+    generation config); anything the user sets wins.
+    """
+    from verl_core.tasks import BUILTIN_PRESETS
+
+    path = raw.get("model", {}).get("path", ModelConfig.path) if isinstance(raw.get("model", {}), Mapping) else None
+    preset = BUILTIN_PRESETS.get(path) if isinstance(path, str) else None
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    for section, values in (preset or {}).items():
+        if isinstance(out.get(section, {}), Mapping):
+            out[section] = {**values, **out.get(section, {})}
+    return out
 
 
 def build_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:

@@ -110,7 +110,7 @@ class Trainer:
         if self._ready:
             return
         cfg = self.config
-        threads = cfg.run.threads or max(1, (os.cpu_count() or 1))
+        threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // 2)
         torch.set_num_threads(threads)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
@@ -277,7 +277,6 @@ class Trainer:
         tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
         n_samples = len(prompts) * sampling.n
         m.update({
-            "step": float(self.step),
             "epoch": float(self.sampler.epoch),
             "timing/step": elapsed,
             "throughput/samples_per_sec": n_samples / elapsed,
