@@ -123,3 +123,29 @@ def test_ppo_runs_with_critic_and_reference(tmp_path, run_verl):
     assert len(train) == 2
     assert "critic/value_loss" in train[0] and "actor/ref_kl" in train[0]
     assert (out / "checkpoints" / "step_000002" / "critic").is_dir()
+
+
+@pytest.mark.slow
+def test_python_api_with_loaded_model_objects(tmp_path):
+    """Trainer from an in-memory HF model and tokenizer; the caller's objects are left untouched."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_core.config import resolve_config
+    from verl_core.registry import PluginRegistry
+    from verl_core.tasks.arithmetic import ensure_builtin_model
+    from verl_core.trainer import Trainer
+
+    model_dir = ensure_builtin_model()
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = resolve_config({"run": {"max_steps": 2, "output_dir": str(tmp_path), "loggers": [], "threads": 1,
+                                  "val_before_train": False},
+                          "algorithm": {"name": "ppo"}, "data": {"batch_size": 8, "max_val_samples": 16},
+                          "rollout": {"n": 4}}, PluginRegistry())
+    trainer = Trainer(cfg, model=model, tokenizer=tokenizer)
+    metrics = trainer.train()
+    assert "val/reward_mean" in metrics and "critic/value_loss" in metrics
+    trained = dict(trainer.actor.iter_weights())
+    assert any(not torch.equal(trained[k], before[k]) for k in before)  # the actor trained
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the caller's copy did not

@@ -9,6 +9,7 @@ single-process run gets a one-rank process group so the same code path runs ever
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import random
@@ -129,9 +130,20 @@ def _ensure_process_group(world: WorldInfo) -> None:
 
 def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
     dtype = _DTYPES[spec.dtype]
-    if spec.module is not None and role is not Role.CRITIC:
-        return spec.module
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if spec.module is not None:
+        # An already loaded model is copied for every role: sharding rewrites a module in place,
+        # and the reference (or the critic's backbone) must not move when the actor trains. The
+        # trained weights are read from the actor worker (iter_weights / export_hf).
+        if role is Role.CRITIC:
+            config = copy.deepcopy(spec.module.config)
+            config.num_labels = 1
+            critic = AutoModelForTokenClassification.from_config(config).to(spec.module.dtype)
+            critic.load_state_dict(spec.module.state_dict(), strict=False)  # backbone names match
+            torch.nn.init.zeros_(critic.score.weight)
+            return critic
+        return copy.deepcopy(spec.module)
 
     path = Path(spec.path)
     if not path.exists():
