@@ -22,6 +22,9 @@ v1 = "verl_algo_signonly"
 
 [project.entry-points."verl.algorithms"]
 signonly = "verl_algo_signonly:SignOnly"
+
+[project.entry-points."verl.hooks"]
+recorder = "verl_algo_signonly:Recorder"
 """
 
 MODULE = '''
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_core.hooks import hookimpl
 from verl_core.interfaces import Algorithm, AlgorithmConfig
 
 
@@ -49,6 +53,45 @@ class SignOnly(Algorithm):
             adv[m] = torch.sign(scores[m] - scores[m].mean()) * self.config.scale
         adv = adv.unsqueeze(-1) * batch.response_mask
         return adv, adv
+
+
+class Recorder:
+    \"\"\"Appends the name of every hook it receives to $RECORD_HOOKS (when set).\"\"\"
+
+    def _note(self, name):
+        import os
+
+        if os.environ.get("RECORD_HOOKS"):
+            with open(os.environ["RECORD_HOOKS"], "a") as f:
+                f.write(name + "\\n")
+
+    @hookimpl
+    def verl_run_start(self, config, run_dir, start_step, max_steps):
+        self._note("verl_run_start")
+
+    @hookimpl
+    def verl_step_start(self, step):
+        self._note("verl_step_start")
+
+    @hookimpl
+    def verl_step_end(self, step, metrics):
+        self._note("verl_step_end")
+
+    @hookimpl
+    def verl_metrics(self, step, metrics):
+        self._note("verl_metrics")
+
+    @hookimpl
+    def verl_validation_end(self, step, metrics):
+        self._note("verl_validation_end")
+
+    @hookimpl
+    def verl_checkpoint_saved(self, step, path):
+        self._note("verl_checkpoint_saved")
+
+    @hookimpl
+    def verl_run_end(self, step, status, error):
+        self._note("verl_run_end")
 '''
 
 
@@ -73,6 +116,7 @@ def test_third_party_algorithm_runs_through_cli(plugin_site, tmp_path, run_verl)
     assert rows[("algorithm", "signonly")]["status"] == "available"
 
     out = tmp_path / "run"
+    env["RECORD_HOOKS"] = str(tmp_path / "hooks.txt")
     res = run_verl("run", "--algo", "signonly", "--max-steps", "2", "--output-dir", str(out), "algorithm.scale=0.5",
                    "data.batch_size=8", "rollout.n=4", "data.max_val_samples=16", "run.threads=1", env=env)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -80,3 +124,19 @@ def test_third_party_algorithm_runs_through_cli(plugin_site, tmp_path, run_verl)
     assert 'name = "signonly"' in config and "scale = 0.5" in config
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "ppo/actor_loss" in r] == [1, 2]
+    # Every documented hook reached the installed hook plugin during the run.
+    from verl_core.hooks import HookSpecs
+
+    fired = set((tmp_path / "hooks.txt").read_text().split())
+    specs = {name for name in vars(HookSpecs) if name.startswith("verl_")}
+    assert fired == specs
+
+
+def test_every_hook_is_documented():
+    from pathlib import Path
+
+    from verl_core.hooks import HookSpecs
+
+    doc = (Path(__file__).parents[1] / "docs" / "hooks.md").read_text()
+    for name in (n for n in vars(HookSpecs) if n.startswith("verl_")):
+        assert f"### `{name}(" in doc, f"{name} is not documented in docs/hooks.md"
