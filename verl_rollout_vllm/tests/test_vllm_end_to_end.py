@@ -67,6 +67,8 @@ def test_run_syncs_every_step_and_resumes_onto_checkpoint_weights(tmp_path: Path
 def test_engine_that_cannot_start_stops_the_run_with_the_fix(tmp_path: Path, cache: Path) -> None:
     res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
                str(tmp_path / "run"), *FAST[:-1], "rollout.kv_cache_gb=100000", cache=cache, timeout=300)
-    assert res.returncode != 0
     text = res.stdout + res.stderr
-    assert "vLLM engine could not start" in text and "rollout.kv_cache_gb" in text, text[-3000:]
+    # A setting the machine cannot satisfy is a user error: exit 2, the key, the fix, no traceback.
+    assert res.returncode == 2, text[-3000:]
+    assert "error: rollout.kv_cache_gb: the vLLM engine could not start" in res.stderr, text[-3000:]
+    assert "lower rollout.kv_cache_gb" in res.stderr and "Traceback" not in res.stderr

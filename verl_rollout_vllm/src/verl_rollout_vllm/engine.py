@@ -26,16 +26,16 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from verl_core.config import ConfigError
 from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
 
 from verl_rollout_vllm._install import INSTALL_HINT, explain_start_failure, import_vllm, vllm_available
 
-__all__ = ["VLLMRollout", "VLLMRolloutConfig", "VLLMStartError", "WeightSyncError"]
+__all__ = ["VLLMRollout", "VLLMRolloutConfig", "VLLMStartError", "VLLMMemoryError", "WeightSyncError"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,10 @@ _GIB = 1 << 30
 
 class VLLMStartError(RuntimeError):
     """The vLLM engine could not start (memory, KV cache size, a broken install, ...)."""
+
+
+class VLLMMemoryError(ConfigError, VLLMStartError):
+    """The engine could not get the memory its settings ask for: a user error naming the key to change."""
 
 
 class WeightSyncError(RuntimeError):
@@ -88,7 +92,7 @@ class VLLMRolloutConfig(RolloutConfig):
     multiprocessing: bool = False
     enable_sleep_mode: bool = False
     engine_seed: int = 0
-    log_level: str = "WARNING"
+    log_level: str = "ERROR"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -151,8 +155,8 @@ class VLLMRollout(RolloutEngine):
         if on_cpu and env_kv and float(env_kv) != cfg.kv_cache_gb:
             logger.warning("VLLM_CPU_KVCACHE_SPACE=%s GiB overrides rollout.kv_cache_gb=%s", env_kv, cfg.kv_cache_gb)
         if on_cpu and cfg.kv_cache_gb <= 0 and not env_kv:
-            raise VLLMStartError("rollout.kv_cache_gb: vLLM on CPU needs an explicit KV cache size; set it to a "
-                                 "number of GiB, e.g. rollout.kv_cache_gb=1")
+            raise VLLMMemoryError("rollout.kv_cache_gb", "vLLM on CPU needs an explicit KV cache size; set it to a "
+                                  "number of GiB, e.g. rollout.kv_cache_gb=1")
         path = self._model_dir()
         kwargs: dict[str, Any] = dict(
             model=path,
@@ -182,9 +186,12 @@ class VLLMRollout(RolloutEngine):
             with _host_state_preserved():
                 llm = vllm.LLM(**kwargs)
         except Exception as exc:
-            raise VLLMStartError(
-                f"the vLLM engine could not start for model {path!r} ({type(exc).__name__}: {exc}); "
-                f"{explain_start_failure(exc)}") from exc
+            message = (f"the vLLM engine could not start for model {path!r} ({type(exc).__name__}: {exc}); "
+                       f"{explain_start_failure(exc)}")
+            if _is_memory_error(exc):
+                key = "kv_cache_gb" if on_cpu or cfg.kv_cache_gb > 0 else "gpu_memory_utilization"
+                raise VLLMMemoryError(f"rollout.{key}", message) from exc
+            raise VLLMStartError(message) from exc
         self.startup_seconds = time.perf_counter() - start
         return llm
 
@@ -195,12 +202,16 @@ class VLLMRollout(RolloutEngine):
         return bool(current_platform.is_cpu())
 
     def _model_dir(self) -> str:
-        """A directory vLLM can load: the model path, or the in-memory module written out once."""
+        """A directory vLLM can load: the in-memory module written out once, or the model path.
+
+        A loaded module wins over ``path``: it is what the actor trains, and its weights may differ
+        from the directory's.
+        """
         spec = self.model
-        if spec.path and (Path(spec.path).is_dir() or spec.module is None):
-            return spec.path
         if spec.module is None:
-            raise VLLMStartError("model.path: the vllm rollout needs a model directory (or a loaded module)")
+            if not spec.path:
+                raise VLLMStartError("model.path: the vllm rollout needs a model directory (or a loaded module)")
+            return spec.path
         tmp = tempfile.mkdtemp(prefix="verl-vllm-model-")
         self._tmp_dirs.append(tmp)
         spec.module.save_pretrained(tmp)
@@ -210,6 +221,30 @@ class VLLMRollout(RolloutEngine):
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
         self._check_usable()
+        requests, params, copies = self.vllm_requests(prompt_ids, sampling)
+        outputs = self._llm.generate(requests, sampling_params=params, use_tqdm=False)
+        responses: list[list[int]] = []
+        log_probs: list[list[float]] = []
+        reasons: list[str] = []
+        for request in outputs:
+            for sample in sorted(request.outputs, key=lambda s: s.index):
+                ids = list(sample.token_ids)
+                reason = _finish_reason(sample.finish_reason, sample.stop_reason)
+                lps = [float(step[t].logprob) for step, t in zip(sample.logprobs, ids)] if sampling.logprobs else []
+                for _ in range(copies):
+                    # Copies, so that editing one sample never edits its siblings.
+                    responses.append(list(ids))
+                    reasons.append(reason)
+                    log_probs.append(list(lps))
+        return RolloutOutput(responses, log_probs if sampling.logprobs else None, reasons)
+
+    def vllm_requests(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams,
+                      ) -> tuple[list[Any], list[Any], int]:
+        """The ``(prompts, vllm.SamplingParams, copies)`` that :meth:`generate` hands to ``LLM.generate``.
+
+        Each prompt gets its own parameters (its own seed); ``copies`` is how often each returned
+        sample is repeated (greedy decoding asks vLLM for one sample and repeats it).
+        """
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -237,21 +272,7 @@ class VLLMRollout(RolloutEngine):
                 logprobs=0 if sampling.logprobs else None,
                 detokenize=False,
             ))
-        outputs = self._llm.generate(requests, sampling_params=params, use_tqdm=False)
-        responses: list[list[int]] = []
-        log_probs: list[list[float]] = []
-        reasons: list[str] = []
-        for request in outputs:
-            for sample in sorted(request.outputs, key=lambda s: s.index):
-                ids = list(sample.token_ids)
-                reason = _finish_reason(sample.finish_reason, sample.stop_reason)
-                lps = [float(step[t].logprob) for step, t in zip(sample.logprobs, ids)] if sampling.logprobs else []
-                for _ in range(copies):
-                    # Copies, so that editing one sample never edits its siblings.
-                    responses.append(list(ids))
-                    reasons.append(reason)
-                    log_probs.append(list(lps))
-        return RolloutOutput(responses, log_probs if sampling.logprobs else None, reasons)
+        return requests, params, copies
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -330,6 +351,11 @@ def _eos_ids(tokenizer: Any) -> set[int]:
     eos = getattr(tokenizer, "eos_token_id", None)
     ids = eos if isinstance(eos, (list, tuple, set)) else [eos]
     return {int(i) for i in ids if i is not None}
+
+
+def _is_memory_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "memory" in text or "kv cache" in text
 
 
 def _finish_reason(reason: str | None, stop_reason: Any) -> str:
