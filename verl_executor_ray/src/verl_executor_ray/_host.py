@@ -54,8 +54,13 @@ class WorkerHost:
         return {"pid": os.getpid(), "node": _node_ip(), "threads": torch.get_num_threads(),
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""), "rank": self.world.rank}
 
-    def load_plugins(self, plugins: list[tuple[str, str]]) -> None:
-        """Resolve the run's plugins through this process's own registry (entry points on its sys.path)."""
+    def load_plugins(self, plugins: list[tuple[str, str]]) -> tuple[str, str, str] | None:
+        """Resolve the run's plugins through this process's own registry (entry points on its sys.path).
+
+        Returns ``(kind, name, message)`` for the first plugin that cannot be loaded here: the
+        registry's errors take keyword arguments and do not survive pickling, so the controller
+        re-raises it.
+        """
         from verl_core.registry import PluginError, PluginRegistry
 
         registry = PluginRegistry()
@@ -63,10 +68,10 @@ class WorkerHost:
             try:
                 registry.load(kind, name)
             except PluginError as exc:
-                raise PluginError(f"{exc} [in the Ray worker process of pool {self.pool!r}, rank {self.world.rank}, "
-                                  f"on node {_node_ip()}: install the plugin on every node, or put it on the "
-                                  f"controller's PYTHONPATH so the executor passes it on]",
-                                  kind=kind, name=name) from None
+                return kind, name, (f"{exc} [in the Ray worker process of pool {self.pool!r}, rank {self.world.rank}, "
+                                    f"on node {_node_ip()}: install the plugin on every node, or put it on the "
+                                    f"controller's PYTHONPATH so the executor passes it on]")
+        return None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port for the pool's ``torch.distributed`` rendezvous."""

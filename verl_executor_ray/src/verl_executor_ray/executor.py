@@ -314,7 +314,7 @@ class RayExecutor(Executor):
             env["PYTHONPATH"] = os.pathsep.join(paths)
         return env
 
-    def _pool(self, name: str) -> _Pool:
+    def _pool(self, name: str, *, role: str) -> _Pool:
         if name in self._pools:
             return self._pools[name]
         self._connect()
@@ -351,16 +351,22 @@ class RayExecutor(Executor):
                          threads=self.threads))
         pool = _Pool(name, hosts, [{} for _ in hosts], groups, self)
         self._pools[name] = pool
-        pool.info = self._get(pool, [h.describe.remote() for h in hosts], role=name, method="start")
-        self._get(pool, [h.load_plugins.remote(list(self.plugins)) for h in hosts], role=name, method="load_plugins")
-        address, port = self._get(pool, [hosts[0].rendezvous_address.remote()], role=name, method="rendezvous")[0]
-        self._get(pool, [h.set_rendezvous.remote(address, port) for h in hosts], role=name, method="rendezvous")
+        pool.info = self._get(pool, [h.describe.remote() for h in hosts], role=role, method="start")
+        for problem in self._get(pool, [h.load_plugins.remote(list(self.plugins)) for h in hosts], role=role,
+                                 method="load_plugins"):
+            if problem is not None:
+                from verl_core.registry import PluginError
+
+                kind, plugin, message = problem
+                raise PluginError(message, kind=kind, name=plugin)
+        address, port = self._get(pool, [hosts[0].rendezvous_address.remote()], role=role, method="rendezvous")[0]
+        self._get(pool, [h.set_rendezvous.remote(address, port) for h in hosts], role=role, method="rendezvous")
         return pool
 
     # ------------------------------------------------------------------ executor contract
     def create_group(self, *, role: Role, factory: Callable[[WorldInfo], Any]) -> WorkerGroup:
         role = Role(role)
-        pool = self._pool(self.config.pool_of(role.value))
+        pool = self._pool(self.config.pool_of(role.value), role=role.value)
         if any(g.role is role for g in pool.groups):
             raise ValueError(f"the {role.value} group already exists on pool {pool.name!r}")
         with pool.lock:
@@ -372,7 +378,7 @@ class RayExecutor(Executor):
 
     def create_rollout(self, *, engine: type[RolloutEngine], config: RolloutConfig, model: ModelSpec,
                        tokenizer: Any, actor: WorkerGroup) -> RolloutEngine:
-        pool = self._pool(self.config.pool_of("rollout"))
+        pool = self._pool(self.config.pool_of("rollout"), role="rollout")
         # Colocated when the actor's processes are this pool's: the engine gets the local actor.
         actor_role = actor.role.value if isinstance(actor, RayWorkerGroup) and actor.pool is pool else None
         with pool.lock:
@@ -498,8 +504,11 @@ class RayExecutor(Executor):
                     values[rank] = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:
                     raise _task_error(exc, pool=pool, rank=rank, role=role, method=method) from None
-                except ray.exceptions.RayError as exc:
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                        ray.exceptions.OutOfMemoryError, ray.exceptions.NodeDiedError) as exc:
                     raise _death_error(exc, pool=pool, rank=rank, role=role, method=method) from None
+                except ray.exceptions.RayError as exc:  # e.g. a result or exception that cannot be unpickled
+                    raise RuntimeError(f"{role}.{method} failed on {_where(pool, rank)}: {exc}") from exc
         return values
 
 

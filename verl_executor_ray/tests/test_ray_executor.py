@@ -1,0 +1,241 @@
+"""The Ray executor in-process: FSDP groups over two processes, placements, concurrency, a dead worker.
+
+These tests share one local Ray instance (``ray_session``); each executor joins it, starts its
+pools, and kills its workers on shutdown.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from verl_core.interfaces import ExecutorConfig, ModelSpec, Role, SamplingParams, WorkerFailedError
+from verl_core.trainer import _create_worker
+from verl_executor_ray.config import RayExecutorConfig
+
+pytestmark = pytest.mark.slow
+
+
+def ray_executor(**settings):
+    from verl_executor_ray.executor import RayExecutor
+
+    config = RayExecutorConfig(**settings)
+    config.validate()
+    return RayExecutor(config)
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    """The built-in model directory, its tokenizer, and a GRPO batch sampled from it on the built-in task."""
+    from transformers import AutoTokenizer
+
+    from verl_core.algorithms.functional import scores_to_token_rewards
+    from verl_core.algorithms.grpo import GRPO
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_core.rollout_utils import build_batch
+    from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset, reward
+
+    model_dir = str(ensure_builtin_model())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = make_dataset()[0][:8]
+    prompts = [{"prompt_ids": tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
+                                                      return_dict=False),
+                "ground_truth": r["reward_model"]["ground_truth"]} for r in rows]
+    engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=model_dir), tokenizer=tok)
+    out = engine.generate([p["prompt_ids"] for p in prompts], sampling=SamplingParams(n=4, seed=3, max_new_tokens=6))
+    batch = build_batch(prompts, out, n=4, pad_id=tok.pad_token_id)
+    texts = tok.batch_decode(out.response_ids, skip_special_tokens=True)
+    scores = torch.tensor([reward(t, gt) for t, gt in zip(texts, batch.meta["ground_truth"])])
+    batch = batch.replace(scores=scores, token_rewards=scores_to_token_rewards(scores, batch.response_mask))
+    algorithm = GRPO(GRPO.Config())
+    advantages, returns = algorithm.compute_advantages(batch)
+    return model_dir, tok, prompts, batch.replace(advantages=advantages, returns=returns), algorithm
+
+
+def train_three_steps(executor, model_dir, batch, algorithm):
+    """Old log-probs, then three policy updates on the same batch; returns losses and the final log-probs."""
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    # micro_batch_size 4 divides both the 32-sample batch and each rank's 16: the same micro-batches
+    # (and so the same objective) in one process and in two.
+    backend = FSDPBackend(FSDPConfig(lr=1e-3, micro_batch_size=4, log_prob_micro_batch_size=4))
+    group = executor.create_group(role=Role.ACTOR, factory=functools.partial(
+        _create_worker, backend, Role.ACTOR, ModelSpec(path=model_dir), 0))
+    batch = batch.replace(old_log_probs=group.compute_log_probs(batch).log_probs)
+    losses = [group.update_policy(batch, loss_fn=algorithm.policy_loss, mini_batch_size=0, epochs=1)["ppo/actor_loss"]
+              for _ in range(3)]
+    return losses, group.compute_log_probs(batch).log_probs, group.world_size
+
+
+def test_two_fsdp_ranks_match_one_process(ray_session, builtin):
+    from verl_core.executor_local import LocalExecutor
+
+    model_dir, _, _, batch, algorithm = builtin
+    one_losses, one_lp, _ = train_three_steps(LocalExecutor(ExecutorConfig(threads_per_worker=1)), model_dir, batch,
+                                              algorithm)
+    executor = ray_executor(world_size=2)
+    try:
+        two_losses, two_lp, world = train_three_steps(executor, model_dir, batch, algorithm)
+        pids = {info["pid"] for info in executor._pools["default"].info}
+    finally:
+        executor.shutdown()
+    assert world == 2 and len(pids) == 2 and os.getpid() not in pids
+    mask = batch.response_mask.bool()
+    assert max(abs(a - b) for a, b in zip(one_losses, two_losses)) < 1e-5, (one_losses, two_losses)
+    assert (one_lp - two_lp)[mask].abs().max() < 1e-5
+    # The updates really moved the policy, so the match is not two copies of the initial model.
+    assert one_losses[0] != one_losses[2]
+
+
+def test_colocated_rollout_runs_in_the_actor_processes(ray_session, builtin):
+    """World size 2, rollout on the actor's pool: the engine uses the local actor worker (no weight copy)."""
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+
+    model_dir, tok, prompts, _, _ = builtin
+    ids = [p["prompt_ids"] for p in prompts[:3]]  # 3 prompts over 2 ranks: one padded prompt
+    greedy = SamplingParams(n=2, greedy=True, max_new_tokens=6)
+    expected = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=model_dir), tokenizer=tok).generate(
+        ids, sampling=greedy)
+    executor = ray_executor(world_size=2)
+    try:
+        backend = FSDPBackend(FSDPConfig())
+        actor = executor.create_group(role=Role.ACTOR, factory=functools.partial(
+            _create_worker, backend, Role.ACTOR, ModelSpec(path=model_dir), 0))
+        rollout = executor.create_rollout(engine=HFRollout, config=HFRolloutConfig(), model=ModelSpec(path=model_dir),
+                                          tokenizer=tok, actor=actor)
+        assert rollout.colocated and rollout.shares_actor_weights and rollout.world_size == 2
+        out = rollout.generate(ids, sampling=greedy)
+        rollout.load_weights(actor.iter_weights())  # shares the weights: nothing to send
+    finally:
+        executor.shutdown()
+    assert out.response_ids == expected.response_ids
+    assert out.finish_reasons == expected.finish_reasons
+    assert max(abs(a - b) for x, y in zip(out.log_probs, expected.log_probs) for a, b in zip(x, y)) < 1e-4
+
+
+def test_split_placement_sends_the_updated_weights(ray_session, builtin):
+    """Rollout on a pool of its own: after a sync its log-probs are the updated actor's, not the old ones."""
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_core.rollout_utils import build_batch
+
+    model_dir, tok, prompts, batch, algorithm = builtin
+    executor = ray_executor(pools={"gen": 1}, placement={"rollout": "gen"})
+    try:
+        backend = FSDPBackend(FSDPConfig(lr=1e-2))
+        actor = executor.create_group(role=Role.ACTOR, factory=functools.partial(
+            _create_worker, backend, Role.ACTOR, ModelSpec(path=model_dir), 0))
+        rollout = executor.create_rollout(engine=HFRollout, config=HFRolloutConfig(), model=ModelSpec(path=model_dir),
+                                          tokenizer=tok, actor=actor)
+        assert not rollout.colocated and not rollout.shares_actor_weights
+        assert rollout.pool.info[0]["pid"] != actor.pool.info[0]["pid"]
+        old = batch.replace(old_log_probs=actor.compute_log_probs(batch).log_probs)
+        actor.update_policy(old, loss_fn=algorithm.policy_loss, mini_batch_size=0, epochs=1)
+
+        def gap():
+            greedy = SamplingParams(n=1, greedy=True, max_new_tokens=6)
+            out = rollout.generate([p["prompt_ids"] for p in prompts], sampling=greedy)
+            b = build_batch(prompts, out, n=1, pad_id=tok.pad_token_id)
+            mask = b.response_mask.bool()
+            engine_lp = b.rollout_log_probs[mask]
+            return (actor.compute_log_probs(b).log_probs[mask] - engine_lp).abs().max().item()
+
+        before = gap()
+        rollout.load_weights(actor.iter_weights())
+        after = gap()
+        sent = executor.stats.by_method["rollout.load_weights"][0]
+    finally:
+        executor.shutdown()
+    assert before > 1e-3, before  # the engine still had the initial weights
+    assert after < 1e-4, after
+    assert sent == 1
+
+
+class Sleeper:
+    """A worker that only waits: lets the tests time the executor itself."""
+
+    def __init__(self, world):
+        self.world = world
+
+    def work(self, seconds):
+        time.sleep(seconds)
+        return self.world.rank
+
+    def pid(self):
+        return os.getpid()
+
+    def close(self):
+        pass
+
+
+def make_sleeper(world):
+    return Sleeper(world)
+
+
+def test_groups_on_different_pools_run_concurrently(ray_session):
+    executor = ray_executor(pools={"a": 1, "b": 1}, placement={"actor": "a", "critic": "b", "reference": "a"})
+    try:
+        actor = executor.create_group(role=Role.ACTOR, factory=make_sleeper)
+        critic = executor.create_group(role=Role.CRITIC, factory=make_sleeper)
+        reference = executor.create_group(role=Role.REFERENCE, factory=make_sleeper)
+        assert actor.pid() == reference.pid() != critic.pid()  # colocated roles share a process
+
+        def timed(tasks):
+            start = time.perf_counter()
+            executor.run_parallel(tasks)
+            return time.perf_counter() - start
+
+        apart = timed([lambda: critic.work(1.5), lambda: reference.work(1.5)])
+        together = timed([lambda: actor.work(1.5), lambda: reference.work(1.5)])
+    finally:
+        executor.shutdown()
+    assert apart < 2.5, apart  # different pools: both at once
+    assert together >= 3.0, together  # same processes: one after the other (their collectives would clash)
+
+
+def test_a_killed_worker_ends_the_call_with_role_rank_and_cause(ray_session):
+    executor = ray_executor(world_size=2)
+    errors = []
+    try:
+        group = executor.create_group(role=Role.ACTOR, factory=make_sleeper)
+        victim = executor._pools["default"].info[1]["pid"]
+
+        def call():
+            try:
+                group.work(120)
+            except BaseException as exc:
+                errors.append((exc, time.monotonic()))
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        time.sleep(2)
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        caller.join(timeout=60)
+    finally:
+        executor.shutdown()
+    assert errors, "the call did not return after a worker was killed"
+    exc, at = errors[0]
+    assert isinstance(exc, WorkerFailedError), repr(exc)
+    assert (exc.role, exc.rank) == ("actor", 1)
+    assert "rank 1 of 2" in str(exc) and str(victim) in str(exc) and "killed by a signal" in str(exc)
+    assert at - killed_at < 30
+
+
+def test_a_plugin_that_workers_cannot_import_fails_at_start_with_its_name(ray_session, monkeypatch):
+    from verl_core.registry import PluginError
+
+    executor = ray_executor(world_size=1)
+    executor.use_plugins([("algorithm", "no-such-algorithm")])
+    try:
+        with pytest.raises(PluginError, match=r"(?s)no-such-algorithm.*Ray worker process of pool 'default', rank 0"):
+            executor.create_group(role=Role.ACTOR, factory=make_sleeper)
+    finally:
+        executor.shutdown()
