@@ -32,13 +32,17 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_run_syncs_every_step_and_resumes_onto_checkpoint_weights(tmp_path: Path, cache: Path) -> None:
     out = tmp_path / "run"
+    # With the truncated importance-sampling correction on, which needs the rollout's log-probs.
     res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
-               *FAST, cache=cache)
+               *FAST, "algorithm.rollout_is_cap=2.0", cache=cache)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "ppo/actor_loss" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["timing/sync_weights"] > 0 for r in train)
+    # float32 vLLM and the FSDP trainer agree, so the importance weights are ~1.
+    assert all(r["rollout/log_prob_diff_max"] < 1e-3 for r in train)
+    assert all(abs(r["ppo/rollout_is_weight_mean"] - 1) < 1e-3 for r in train)
     assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 2]
 
     # Resuming must hand the checkpoint's weights to the engine before its first rollout.
