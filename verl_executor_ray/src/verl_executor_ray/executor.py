@@ -443,12 +443,13 @@ class RayExecutor(Executor):
     # ------------------------------------------------------------------ dispatch
     def _dispatch(self, pool: _Pool, host_method: str, head: tuple[Any, ...], args: tuple[Any, ...],
                   kwargs: dict[str, Any], mode: str, *, role: str, method: str, fetch: bool = True) -> Any:
+        start = time.perf_counter()
         if mode == "split":
             shards = split_call(args, kwargs, pool.world_size, method=f"{role}.{method}")
-            return self._dispatch_shards(pool, host_method, head, shards, mode, role=role, method=method)
-        start = time.perf_counter()
-        # One serialised copy of the arguments, shared by every rank.
-        packed = self._ray.put((tuple(args), dict(kwargs)))
+            return self._dispatch_shards(pool, host_method, head, shards, mode, role=role, method=method, start=start)
+        packed: Any = (tuple(args), dict(kwargs))
+        if pool.world_size > 1 and (args or kwargs):
+            packed = self._ray.put(packed)  # serialised once, read by every rank
         per_rank = [(*head, packed, mode)] * pool.world_size
         submitted = time.perf_counter()
         with pool.lock:
@@ -464,9 +465,10 @@ class RayExecutor(Executor):
         return values[0] if mode == "broadcast" else values
 
     def _dispatch_shards(self, pool: _Pool, host_method: str, head: tuple[Any, ...], shards: Any, mode: str, *,
-                         role: str, method: str) -> Any:
-        start = time.perf_counter()
-        per_rank = [(*head, self._ray.put(call), mode) for call in shards.calls]
+                         role: str, method: str, start: float | None = None) -> Any:
+        start = time.perf_counter() if start is None else start
+        # Each shard goes to one rank only: Ray serialises it with the task, no separate put.
+        per_rank = [(*head, call, mode) for call in shards.calls]
         submitted = time.perf_counter()
         with pool.lock:
             refs, seconds = pool.run(host_method, per_rank, role=role, method=method)
@@ -491,25 +493,33 @@ class RayExecutor(Executor):
         return self._ray.get(refs)
 
     def _wait(self, refs: list[Any], *, pool: _Pool, role: str, method: str) -> list[Any]:
-        """Values of ``refs`` (one per rank), raising as soon as any rank fails."""
+        """Values of ``refs`` (one per rank), raising within a second of any rank failing."""
         ray = self._ray
-        pending = {ref: rank for rank, ref in enumerate(refs)}
-        values: list[Any] = [None] * len(refs)
+        pending = list(refs)
         while pending:
-            # A timed wait keeps Ctrl-C responsive; a failed rank shows up as a ready ref.
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for ref in ready:
-                rank = pending.pop(ref)
+            # Timed, so a failed rank (its ref becomes ready with an error) is seen even while its
+            # peers hang in a collective with it, and Ctrl-C gets through.
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            if ready:
                 try:
-                    values[rank] = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    raise _task_error(exc, pool=pool, rank=rank, role=role, method=method) from None
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
-                        ray.exceptions.OutOfMemoryError, ray.exceptions.NodeDiedError) as exc:
-                    raise _death_error(exc, pool=pool, rank=rank, role=role, method=method) from None
-                except ray.exceptions.RayError as exc:  # e.g. a result or exception that cannot be unpickled
-                    raise RuntimeError(f"{role}.{method} failed on {_where(pool, rank)}: {exc}") from exc
-        return values
+                    ray.get(ready)
+                except ray.exceptions.RayError:
+                    self._raise_first_failure(ready, refs, pool=pool, role=role, method=method)
+        return ray.get(refs)
+
+    def _raise_first_failure(self, ready: list[Any], refs: list[Any], *, pool: _Pool, role: str, method: str) -> None:
+        ray = self._ray
+        for ref in ready:
+            rank = refs.index(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                raise _task_error(exc, pool=pool, rank=rank, role=role, method=method) from None
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                    ray.exceptions.OutOfMemoryError, ray.exceptions.NodeDiedError) as exc:
+                raise _death_error(exc, pool=pool, rank=rank, role=role, method=method) from None
+            except ray.exceptions.RayError as exc:  # e.g. a result or exception that cannot be unpickled
+                raise RuntimeError(f"{role}.{method} failed on {_where(pool, rank)}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------- errors
