@@ -8,7 +8,6 @@ import pytest
 
 from verl_core.config import ConfigError, apply_overrides, resolve_config
 from verl_core.registry import PluginRegistry
-from verl_executor_ray.config import RayExecutorConfig
 
 
 def resolve(*overrides):

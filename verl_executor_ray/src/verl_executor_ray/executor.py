@@ -93,12 +93,12 @@ class CallStats:
 class _Pool:
     """The processes of one resource pool and the lock that serialises SPMD calls on them."""
 
-    def __init__(self, name: str, hosts: list[Any], info: list[dict[str, Any]], groups: list[Any],
+    def __init__(self, name: str, hosts: list[Any], info: list[dict[str, Any]], placement_groups: list[Any],
                  executor: "RayExecutor") -> None:
         self.name = name
         self.hosts = hosts
         self.info = info
-        self.placement_groups = groups
+        self.placement_groups = placement_groups
         self.executor = executor
         self.lock = threading.Lock()
         self.groups: list[RayWorkerGroup] = []
