@@ -22,9 +22,9 @@ GRPO = ["run", "--backend", "fsdp", "--rollout", "hf", "--algo", "grpo", "--exec
 SMALL = ["data.batch_size=8", "rollout.n=4", "data.max_val_samples=16", "run.val_every=0", "run.threads=1"]
 
 
-def run_and_watch(start_verl, *args, timeout=600):
+def run_and_watch(start_verl, *args, timeout=600, env=None):
     """Run the CLI in the background, noting every process under it; returns (proc, log, {pid: command})."""
-    proc = start_verl(*args)
+    proc = start_verl(*args, env=env)
     seen: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
@@ -113,3 +113,39 @@ def test_ctrl_c_shuts_ray_and_every_worker_down(start_verl, tmp_path):
     assert proc.returncode == 130, log[-3000:]
     assert "interrupted" in log
     assert wait_for(lambda: not alive(sorted(seen)), 15), [cmdline(p) for p in alive(sorted(seen))]
+
+
+def test_joins_a_running_cluster_and_leaves_it_running(start_verl, tmp_path):
+    """`executor.address` joins a cluster started with `ray start`; the run kills its workers, not the cluster."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Token authentication is a deployment matter; a private test cluster runs without it.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                             "--disable-usage-stats", "--block"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out = tmp_path / "run"
+        proc, log, seen = run_and_watch(start_verl, *GRPO, "executor.world_size=2", f"executor.address='127.0.0.1:{port}'",
+                                        "--max-steps", "1", "--output-dir", str(out), *SMALL,
+                                        env={"RAY_AUTH_MODE": "disabled"})
+        assert proc.returncode == 0, log[-3000:]
+        assert train_steps(out) == [1]
+        assert head.poll() is None, "the run stopped a cluster it did not start"
+        # The workers ran under the cluster's raylet, not under the run, and are gone with the run.
+        assert not [p for p, cmd in seen.items() if "WorkerHost" in cmd]
+        assert wait_for(lambda: not [p for p in descendants(head.pid) if "WorkerHost" in cmdline(p)], 15)
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
