@@ -66,6 +66,6 @@ def ray_session():
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -117,9 +117,11 @@ def test_ctrl_c_shuts_ray_and_every_worker_down(start_verl, tmp_path):
 
 def test_joins_a_running_cluster_and_leaves_it_running(start_verl, tmp_path):
     """`executor.address` joins a cluster started with `ray start`; the run kills its workers, not the cluster."""
+    import shutil
     import socket
     import subprocess
     import sys
+    import tempfile
     from pathlib import Path
 
     with socket.socket() as s:
@@ -128,9 +130,12 @@ def test_joins_a_running_cluster_and_leaves_it_running(start_verl, tmp_path):
     # Token authentication is a deployment matter; a private test cluster runs without it.
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     ray_cli = str(Path(sys.executable).with_name("ray"))
+    # A private temp dir (short: Ray's socket paths must fit 107 bytes) keeps `ray start` from
+    # recording itself as this machine's current cluster, which a plain ray.init() would then join.
+    temp_dir = tempfile.mkdtemp(prefix="vray", dir="/tmp")
     head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                             "--disable-usage-stats", "--block"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                             "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         out = tmp_path / "run"
         proc, log, seen = run_and_watch(start_verl, *GRPO, "executor.world_size=2", f"executor.address='127.0.0.1:{port}'",
@@ -149,3 +154,4 @@ def test_joins_a_running_cluster_and_leaves_it_running(start_verl, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)

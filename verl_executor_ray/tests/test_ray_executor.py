@@ -82,10 +82,14 @@ def test_two_fsdp_ranks_match_one_process(ray_session, builtin):
     executor = ray_executor(world_size=2)
     try:
         two_losses, two_lp, world = train_three_steps(executor, model_dir, batch, algorithm)
-        pids = {info["pid"] for info in executor._pools["default"].info}
+        infos = executor._pools["default"].info
     finally:
         executor.shutdown()
+    pids = {info["pid"] for info in infos}
     assert world == 2 and len(pids) == 2 and os.getpid() not in pids
+    # Each process gets its share of the CPUs as threads, set before torch started (no oversubscription).
+    share = max(1, (os.cpu_count() or 2) // 2)
+    assert [(i["threads"], i["omp_num_threads"]) for i in infos] == [(share, str(share))] * 2
     mask = batch.response_mask.bool()
     assert max(abs(a - b) for a, b in zip(one_losses, two_losses)) < 1e-5, (one_losses, two_losses)
     assert (one_lp - two_lp)[mask].abs().max() < 1e-5
@@ -113,6 +117,8 @@ def test_colocated_rollout_runs_in_the_actor_processes(ray_session, builtin):
         assert rollout.colocated and rollout.shares_actor_weights and rollout.world_size == 2
         out = rollout.generate(ids, sampling=greedy)
         rollout.load_weights(actor.iter_weights())  # shares the weights: nothing to send
+        with pytest.raises(TypeError, match="context manager, which cannot cross a process boundary"):
+            actor.gather_for_generation()
     finally:
         executor.shutdown()
     assert out.response_ids == expected.response_ids

@@ -275,7 +275,8 @@ class RayExecutor(Executor):
         elif cfg.address:
             ray.init(address=cfg.address, logging_level=logging.WARNING, log_to_driver=cfg.log_to_driver)
         else:
-            ray.init(num_cpus=cfg.num_cpus or os.cpu_count() or 1,
+            # address="local": a new instance even when RAY_ADDRESS or an earlier `ray start` points elsewhere.
+            ray.init(address="local", num_cpus=cfg.num_cpus or os.cpu_count() or 1,
                      num_gpus=None if cfg.num_gpus < 0 else cfg.num_gpus,
                      include_dashboard=False, logging_level=logging.WARNING, log_to_driver=cfg.log_to_driver)
             self._started_ray = True
