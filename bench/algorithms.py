@@ -10,7 +10,8 @@ With ``--offline``, DPO, KTO and ORPO also run, for the same number of steps and
 on preference pairs derived from the task's training split (chosen = the right sum, rejected = a
 near miss) - a different kind of signal, reported in its own table.
 
-Writes ``bench/results/algorithms.md`` (and the raw numbers to ``algorithms.json``)::
+Writes ``bench/results/algorithms.md`` (and the raw numbers to ``algorithms.json``; ``--output``
+changes the name)::
 
     python bench/algorithms.py [--steps 60] [--algorithms grpo dapo ...] [--offline] [key=value ...]
 
@@ -111,7 +112,7 @@ def markdown(results: list[dict[str, Any]], offline: list[dict[str, Any]], *, ar
         f"{os.cpu_count()} CPU cores, 1 torch thread per run, runs one after another.",
         "",
         f"Same for every algorithm: the built-in tiny Qwen2 warm-started to {warm.get('greedy_test_accuracy', 0):.3f} "
-        f"greedy test accuracy (one cache, seed 1), {args.steps} steps x {prompts} prompts x {n} samples = "
+        f"greedy test accuracy (one cache, seed {_seed(args.overrides)}), {args.steps} steps x {prompts} prompts x {n} samples = "
         f"{args.steps * prompts * n} sampled responses, the built-in preset (lr 1e-4, 4 new tokens), each "
         f"algorithm's own defaults otherwise. Val = greedy accuracy on the whole held-out test split "
         f"(`val/reward_mean`), before the first and after the last step. Wall time includes model loading "
@@ -142,6 +143,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4000, help="preference pairs for --offline")
     parser.add_argument("--lock", default="/tmp/verl-heavy.lock", help="flock file held during each run ('' = none)")
     parser.add_argument("--cache", default="", help="verl cache dir (default: a fresh temporary one)")
+    parser.add_argument("--output", default="algorithms", help="basename of the result files in bench/results")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args()
 
@@ -174,11 +176,16 @@ def main() -> None:
                 print(json.dumps(offline[-1]), flush=True)
 
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "algorithms.json").write_text(json.dumps({"rl": results, "offline": offline, "warm_start": warm,
+    (RESULTS / f"{args.output}.json").write_text(json.dumps({"rl": results, "offline": offline, "warm_start": warm,
                                                          "args": vars(args)}, indent=1) + "\n")
     text = markdown(results, offline, args=args, prompts=prompts, n=n, warm=warm)
-    (RESULTS / "algorithms.md").write_text(text)
+    (RESULTS / f"{args.output}.md").write_text(text)
     print(text)
+
+
+def _seed(overrides: list[str]) -> str:
+    seeds = [o.split("=", 1)[1] for o in overrides if o.startswith("run.seed=")]
+    return seeds[-1] if seeds else "1"
 
 
 def _value(toml_text: str, section: str, key: str) -> str:
