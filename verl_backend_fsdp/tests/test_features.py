@@ -135,3 +135,93 @@ def test_out_of_memory_names_the_knobs(model_dir):
 
     with pytest.raises(torch.OutOfMemoryError, match="lower backend.micro_batch_size \\(now 4\\)"):
         worker.update_policy(batch, loss_fn=oom_loss, mini_batch_size=0, epochs=1)
+
+
+def _updated(model_dir, batch, **cfg):
+    worker = _worker(model_dir, lr=1e-2, **cfg)
+    worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    return worker, dict(worker.iter_weights())
+
+
+def test_packed_sequences_score_and_train_like_padded_rows(model_dir):
+    """remove_padding packs real tokens into one row; results match the padded computation."""
+    batch = make_batch(batch_size=8, prompt_length=7, response_length=9, vocab_size=16, advantages=True, seed=5)
+    assert (batch.prompt_mask == 0).any() and (batch.response_attention_mask == 0).any()  # real padding to remove
+    padded = _worker(model_dir, remove_padding="false")
+    packed = _worker(model_dir, remove_padding="true")
+    assert packed.packed and not padded.packed
+    mask = batch.response_attention_mask.bool()
+    a, b = padded.compute_log_probs(batch, with_entropy=True), packed.compute_log_probs(batch, with_entropy=True)
+    assert (a.log_probs[mask] - b.log_probs[mask]).abs().max() < 1e-5
+    assert (a.entropy[mask] - b.entropy[mask]).abs().max() < 1e-5
+    assert (b.log_probs[~mask] == 0).all()  # padding is not scored at all
+
+    # Adam's first step is ~lr * sign(grad), so near-zero gradients may round either way: compare what
+    # the updated policies compute rather than single weights.
+    w_padded, after_padded = _updated(model_dir, batch, remove_padding="false")
+    w_packed, _ = _updated(model_dir, batch, remove_padding="true")
+    before = dict(padded.iter_weights())
+    assert max((after_padded[k] - before[k]).abs().max().item() for k in before) > 1e-3
+    a, b = w_padded.compute_log_probs(batch).log_probs, w_packed.compute_log_probs(batch).log_probs
+    assert (a[mask] - b[mask]).abs().max() < 1e-4
+    assert (a[mask] - padded.compute_log_probs(batch).log_probs[mask]).abs().max() > 1e-2  # the update mattered
+
+
+def test_auto_packs_only_with_a_variable_length_attention_kernel(model_dir):
+    from verl_backend_fsdp.backend import _wants_packing
+
+    class Config:
+        _attn_implementation = "sdpa"
+
+    module = torch.nn.Module()
+    module.config = Config()
+    assert not _wants_packing("auto", module)
+    Config._attn_implementation = "flash_attention_2"
+    assert _wants_packing("auto", module)
+    assert not _wants_packing("false", module) and _wants_packing("true", module)
+    with pytest.raises(ValueError, match="remove_padding"):
+        from verl_backend_fsdp.backend import FSDPConfig
+
+        FSDPConfig(remove_padding="yes").validate()
+
+
+def test_chunked_lm_head_gives_the_same_log_probs_and_gradients(model_dir):
+    """logits_chunk_size only changes how many positions meet the LM head at once."""
+    batch = make_batch(batch_size=8, prompt_length=5, response_length=8, vocab_size=16, advantages=True, seed=2)
+    whole, chunked = _worker(model_dir, logits_chunk_size=4096), _worker(model_dir, logits_chunk_size=3)
+    mask = batch.response_attention_mask.bool()
+    a, b = whole.compute_log_probs(batch).log_probs, chunked.compute_log_probs(batch).log_probs
+    assert (a[mask] - b[mask]).abs().max() < 1e-6
+    # The LM head never sees more than a chunk of positions, in forward or in backward's recompute.
+    seen: list[int] = []
+    head = chunked.module.get_output_embeddings()
+    handle = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    chunked.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    handle.remove()
+    scored = int(mask.sum())
+    assert max(seen) <= 3 and sum(seen) == 2 * scored  # every position twice: forward, then recompute
+    w, _ = _updated(model_dir, batch, logits_chunk_size=4096)
+    c, _ = _updated(model_dir, batch, logits_chunk_size=3)
+    assert (w.compute_log_probs(batch).log_probs[mask] - c.compute_log_probs(batch).log_probs[mask]).abs().max() < 1e-5
+
+
+def test_bf16_compute_keeps_fp32_master_weights(model_dir):
+    """param_dtype=bfloat16: forward/backward in bf16, the optimizer updates fp32 weights."""
+    batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, advantages=True, seed=4)
+    fp32_worker, fp32 = _updated(model_dir, batch)
+    bf16_worker, bf16 = _updated(model_dir, batch, param_dtype="bfloat16")
+    assert all(v.dtype == torch.float32 for v in bf16.values())
+    assert all(p.dtype == torch.float32 for p in bf16_worker.optimizer.param_groups[0]["params"])
+    mask = batch.response_attention_mask.bool()
+    lp16 = bf16_worker.compute_log_probs(batch).log_probs
+    lp32 = fp32_worker.compute_log_probs(batch).log_probs
+    assert lp16.dtype == torch.float32  # log-softmax in fp32 even when the head ran in bf16
+    gap = (lp16[mask] - lp32[mask]).abs().max().item()
+    assert 0 < gap < 0.1  # bf16 rounding shows, but it is the same model
+    # The bf16 step improves the objective it was taken on, as the fp32 step does.
+    initial = _worker(model_dir).compute_log_probs(batch).log_probs
+
+    def objective(lp):
+        return float((lp * batch.advantages * batch.response_mask).sum())
+
+    assert objective(lp16) > objective(initial) and objective(lp32) > objective(initial)

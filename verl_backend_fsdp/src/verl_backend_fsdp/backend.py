@@ -14,12 +14,14 @@ import math
 import os
 import random
 import resource
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -68,6 +70,13 @@ class FSDPConfig(BackendConfig):
         lora_alpha: LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_rank``).
         lora_dropout: dropout on the LoRA path.
         lora_target_modules: module names that get adapters.
+        remove_padding: run actor and reference forwards on packed sequences (one row of only real
+            tokens, position ids restarting per sequence) instead of a padded ``[batch, length]``
+            block. ``"auto"`` packs when the model uses a variable-length attention kernel
+            (``flash_attention_*``), where packing removes all padding compute; with SDPA/eager
+            attention (CPU) a packed row attends through a block-diagonal mask whose cost grows
+            with the square of the packed length, so ``"auto"`` keeps padded rows (with the padding
+            columns trimmed) there. ``"true"``/``"false"`` force either.
     """
 
     param_dtype: str = "float32"
@@ -81,6 +90,7 @@ class FSDPConfig(BackendConfig):
     lora_dropout: float = 0.0
     lora_target_modules: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    remove_padding: str = "auto"
 
     def validate(self) -> None:
         super().validate()
@@ -91,6 +101,8 @@ class FSDPConfig(BackendConfig):
             raise ValueError("lora_rank: must be >= 0 (0 trains all weights)")
         if self.micro_batch_max_tokens < 0:
             raise ValueError("micro_batch_max_tokens: must be >= 0 (0 uses micro_batch_size)")
+        if str(self.remove_padding).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"remove_padding: must be 'auto', 'true' or 'false', not {self.remove_padding!r}")
 
 
 class FSDPBackend(TrainingBackend):
@@ -216,6 +228,13 @@ class FSDPWorker(TrainingWorker):
         if hasattr(module, "generate"):  # value heads and reward models have no generate()
             # generate() must enter through the root like forward() does (lazy init, root params).
             register_fsdp_forward_method(module, "generate")
+        self.scores_tokens = role in (Role.ACTOR, Role.REFERENCE) and hasattr(module, "get_output_embeddings")
+        if self.scores_tokens:
+            # Log-probs are computed inside a forward method of the root so that the LM head's
+            # (root-owned) weight is gathered while the chunks below use it, in backward too.
+            module.verl_token_log_probs = types.MethodType(_token_log_probs, module)
+            register_fsdp_forward_method(module, "verl_token_log_probs")
+        self.packed = _wants_packing(config.remove_padding, module)
         self.module = module
         self.trainable = role in (Role.ACTOR, Role.CRITIC)
         self.module.train(False)
@@ -273,25 +292,37 @@ class FSDPWorker(TrainingWorker):
 
     def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens, ``[B, R']`` for the padding-trimmed
-        batch (callers pass a batch already trimmed with :meth:`Batch.trim_padding`)."""
-        input_ids = batch.input_ids.to(self.device)
-        attn = batch.attention_mask.to(self.device)
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        batch (callers pass a batch already trimmed with :meth:`Batch.trim_padding`); zero where
+        ``response_attention_mask`` is zero."""
+        attn = batch.attention_mask
         R = batch.response_length
-        out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
-                          logits_to_keep=R + 1)
-        logits = out.logits[:, :-1]  # position t predicts token t+1: these score the R response tokens
-        targets = batch.response_ids.to(self.device)
-        chunk = max(1, self.config.logits_chunk_size)
-        lps, ents = [], []
-        # Chunk over response positions so the float32 log-softmax never covers the whole response.
-        for s in range(0, R, chunk):
-            part = logits[:, s:s + chunk].float()
-            logp = torch.log_softmax(part, dim=-1)
-            lps.append(logp.gather(-1, targets[:, s:s + chunk].unsqueeze(-1)).squeeze(-1))
-            if with_entropy:
-                ents.append(-(logp.exp() * logp).sum(-1))
-        return torch.cat(lps, 1), (torch.cat(ents, 1) if with_entropy else None)
+        B, T = attn.shape
+        P = T - R
+        scored = batch.response_attention_mask.bool()
+        if self.packed:
+            # One row holding only the real tokens; position ids restart at every sequence, which
+            # is how Hugging Face attention recognises packed sequences (no 2-D mask then).
+            keep = attn.bool()
+            input_ids = batch.input_ids[keep].unsqueeze(0)
+            position_ids = torch.cat([torch.arange(int(n)) for n in keep.sum(-1)]).unsqueeze(0)
+            packed_index = (keep.flatten().cumsum(0) - 1).view(B, T)
+            # Response token j of row i is predicted at the packed position just before it.
+            cols = packed_index[:, P:][scored] - 1
+            rows = torch.zeros_like(cols)
+            attention_mask = None
+        else:
+            input_ids = batch.input_ids
+            position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+            attention_mask = attn.to(self.device)
+            rows, cols = scored.nonzero(as_tuple=True)
+            cols = cols + P - 1
+        targets = batch.response_ids[scored]
+        lp, ent = self.module.verl_token_log_probs(
+            input_ids.to(self.device), position_ids.to(self.device), attention_mask, rows.to(self.device),
+            cols.to(self.device), targets.to(self.device), max(1, self.config.logits_chunk_size), with_entropy)
+        out_lp = lp.new_zeros(B, R).masked_scatter(scored.to(lp.device), lp)
+        out_ent = ent.new_zeros(B, R).masked_scatter(scored.to(ent.device), ent) if with_entropy else None
+        return out_lp, out_ent
 
     def _values_forward(self, batch: Batch) -> torch.Tensor:
         input_ids = batch.input_ids.to(self.device)
@@ -385,7 +416,9 @@ class FSDPWorker(TrainingWorker):
         for _ in range(epochs):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in self._micro_batches(mb, self.config.micro_batch_size):
+                micros = self._micro_batches(mb, self.config.micro_batch_size)
+                for index, micro in enumerate(micros):
+                    self._accumulating(index < len(micros) - 1)
                     with self._oom_advice(micro, prefix):
                         loss, metrics = micro_loss(micro)
                     if not torch.isfinite(loss):
@@ -407,11 +440,30 @@ class FSDPWorker(TrainingWorker):
                 self.scheduler.step()
                 self.optimizer_steps += 1
                 norms.append(norm)
+        self._accumulating(False)
         out = {k: v / max(count, 1) for k, v in sums.items()}
         out[f"{prefix}/grad_norm"] = sum(norms) / len(norms)
         out[f"{prefix}/lr"] = self.scheduler.get_last_lr()[0]
         self.module.train(False)
         return out
+
+    def _accumulating(self, more_to_come: bool) -> None:
+        """At one rank, keep parameters gathered and gradients local while micro-batches remain.
+
+        With a single shard FSDP's per-micro-batch all-gather and reduce-scatter are whole-model
+        copies that achieve nothing; they only need to happen around the optimizer step. With
+        more ranks each micro-batch keeps the usual reshard/reduce (the memory saving is the point).
+        """
+        if self.world.world_size != 1:
+            return
+        # Called before every micro-batch, so any exception mid-update leaves at most one
+        # micro-batch's setting behind, and the last micro-batch always restores the defaults.
+        self.module.set_requires_gradient_sync(not more_to_come)
+        self.module.set_reshard_after_backward(not more_to_come)
+        for m in self.module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_reshard_after_forward(False if more_to_come else self.config.reshard_after_forward,
+                                            recurse=False)
 
     @contextlib.contextmanager
     def _oom_advice(self, micro: Batch, what: str) -> Iterator[None]:
@@ -594,6 +646,47 @@ class AdapterOffReference(TrainingWorker):
 
     def load_state(self, path: str) -> None:
         """Nothing to load: see :meth:`save_state`."""
+
+
+def _token_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     attention_mask: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
+                     targets: torch.Tensor, chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` read from the hidden states at ``(rows, cols)``, flat ``[N]``.
+
+    Bound to the root module and registered as an FSDP forward method. The LM head runs over
+    ``chunk`` scored positions at a time and, when gradients are needed, each chunk is
+    recomputed in backward instead of kept: the float32 ``[positions, vocab]`` logits never
+    exist for the whole response, forward or backward.
+    """
+    hidden = module.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False).last_hidden_state
+    scored = hidden[rows, cols]
+    head = module.get_output_embeddings()
+
+    def score(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(head(h).float(), dim=-1)
+        lp = logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1) if with_entropy else lp.new_zeros(())
+        return lp, ent
+
+    lps, ents = [], []
+    for s in range(0, max(1, scored.shape[0]), chunk):
+        h, t = scored[s:s + chunk], targets[s:s + chunk]
+        if torch.is_grad_enabled() and h.requires_grad and h.shape[0]:
+            lp, ent = torch.utils.checkpoint.checkpoint(score, h, t, use_reentrant=False)
+        else:
+            lp, ent = score(h, t)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+
+def _wants_packing(setting: str, module: torch.nn.Module) -> bool:
+    setting = str(setting).lower()
+    if setting != "auto":
+        return setting == "true"
+    implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "")
+    return implementation.startswith("flash_attention")
 
 
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
