@@ -6,7 +6,7 @@ import torch
 from verl_core.batch import Batch
 from verl_core.interfaces import RolloutOutput, TrainingWorker, dispatch, dispatch_mode
 from verl_core.testing import make_batch
-from verl_executor_ray._dispatch import gather_split, pad_and_shard, split_call
+from verl_executor_ray._dispatch import balance_batch, gather_split, pad_and_shard, split_call
 
 
 def test_batch_is_padded_to_divide_evenly_and_padding_is_removed():
@@ -25,6 +25,34 @@ def test_batch_is_padded_to_divide_evenly_and_padding_is_removed():
     back = gather_split(shards, real=real, padded=padded)
     assert isinstance(back, Batch) and len(back) == 7
     assert torch.equal(back.response_mask, batch.response_mask)
+
+
+def _tokens(batch):
+    return (batch.prompt_mask.sum(-1) + batch.response_attention_mask.sum(-1)).tolist()
+
+
+def test_batches_are_balanced_by_tokens_and_results_come_back_in_order():
+    # Lengths rising along the batch: contiguous halves would give one rank most of the tokens.
+    batch = make_batch(batch_size=9, group_size=1, prompt_length=4, response_length=12, seed=0)
+    lengths = torch.arange(1, 10)
+    mask = (torch.arange(12) < lengths[:, None]).long()
+    batch = batch.replace(response_attention_mask=mask, response_mask=mask)
+    shards, real, padded, order = balance_batch(batch, 2)
+    assert (real, padded) == (9, 10) and [len(s) for s in shards] == [5, 5]
+    per_rank = [sum(_tokens(s)) for s in shards]
+    contiguous = [sum(_tokens(s)) for s in pad_and_shard(batch, 2)[0]]
+    assert abs(per_rank[0] - per_rank[1]) <= 1 < abs(contiguous[0] - contiguous[1])
+    assert sorted(order) == list(range(10))
+    # Per-sample outputs, one or several per sample, and whole batches come back in the caller's order.
+    joined = gather_split([s.response_mask.sum(-1) for s in shards], real=real, padded=padded, order=order)
+    assert joined.tolist() == lengths.tolist()
+    pairs = gather_split([[(int(n), e) for n in s.response_mask.sum(-1) for e in range(2)] for s in shards],
+                         real=real, padded=padded, order=order)
+    assert pairs == [(n, e) for n in range(1, 10) for e in range(2)]
+    back = split_call((), {"batch": batch}, 2, method="actor.compute_log_probs")
+    assert back.order == order
+    rejoined = gather_split([c[1]["batch"] for c in back.calls], real=9, padded=10, order=back.order)
+    assert torch.equal(rejoined.response_mask, batch.response_mask)
 
 
 def test_prompts_split_and_rollout_outputs_join_in_order():

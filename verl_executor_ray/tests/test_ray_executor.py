@@ -79,7 +79,9 @@ def test_two_fsdp_ranks_match_one_process(ray_session, builtin):
     model_dir, _, _, batch, algorithm = builtin
     one_losses, one_lp, _ = train_three_steps(LocalExecutor(ExecutorConfig(threads_per_worker=1)), model_dir, batch,
                                               algorithm)
-    executor = ray_executor(world_size=2)
+    # Contiguous shards: each rank's micro-batches are the one-process ones, so GRPO's token-mean
+    # loss is the same objective (token balancing regroups samples; see the multi-node test).
+    executor = ray_executor(world_size=2, balance_batches=False)
     try:
         two_losses, two_lp, world = train_three_steps(executor, model_dir, batch, algorithm)
         infos = executor._pools["default"].info
@@ -245,3 +247,28 @@ def test_a_plugin_that_workers_cannot_import_fails_at_start_with_its_name(ray_se
             executor.create_group(role=Role.ACTOR, factory=make_sleeper)
     finally:
         executor.shutdown()
+
+
+def test_roles_on_one_pool_share_their_backend_as_in_one_process(ray_session, builtin):
+    """The FSDP backend gives a LoRA actor's reference the actor's own module; that holds on Ray too."""
+    pytest.importorskip("peft")
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    model_dir, _, _, batch, algorithm = builtin
+    backend = FSDPBackend(FSDPConfig(lr=1e-2, lora_rank=4))
+    executor = ray_executor(world_size=2)
+    try:
+        groups = {role: executor.create_group(role=role, factory=functools.partial(
+            _create_worker, backend, role, ModelSpec(path=model_dir), 0)) for role in (Role.ACTOR, Role.REFERENCE)}
+        actor, reference = groups[Role.ACTOR], groups[Role.REFERENCE]
+        initial = reference.compute_log_probs(batch).log_probs
+        old = batch.replace(old_log_probs=actor.compute_log_probs(batch).log_probs)
+        actor.update_policy(old, loss_fn=algorithm.policy_loss, mini_batch_size=0, epochs=1)
+        after_ref = reference.compute_log_probs(batch).log_probs
+        after_actor = actor.compute_log_probs(batch).log_probs
+    finally:
+        executor.shutdown()
+    assert reference.worker_cls.__name__ == "AdapterOffReference"  # no second copy of the model
+    mask = batch.response_mask.bool()
+    assert (after_ref - initial)[mask].abs().max() < 1e-5  # adapters off: still the initial policy
+    assert (after_actor - initial)[mask].abs().max() > 1e-4  # while the actor moved

@@ -7,6 +7,11 @@ is padded with copies of the last sample so that every rank runs the same number
 backward passes (SPMD collectives would otherwise wait forever); padded batch rows carry a zero
 ``response_mask`` so they add nothing to masked losses, and padded outputs are cut off again
 after the results are joined.
+
+A batch is not cut into contiguous runs but balanced: every rank gets the same number of samples
+with token totals (prompt + response) as even as a greedy longest-first assignment makes them,
+so the ranks of one collective finish their forward and backward passes at about the same time.
+The results are put back into the caller's order when they are joined.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 
 from verl_core.batch import Batch
 
-__all__ = ["Shards", "split_call", "pad_and_shard", "gather_split"]
+__all__ = ["Shards", "balance_batch", "split_call", "pad_and_shard", "gather_split"]
 
 
 @dataclasses.dataclass
@@ -29,20 +34,64 @@ class Shards:
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
     real: int
     padded: int
+    order: list[int] | None = None
 
 
-def split_call(args: Sequence[Any], kwargs: dict[str, Any], parts: int, *, method: str) -> Shards:
-    """Shard the first positional argument (or keyword ``batch``) of a ``"split"`` call over ``parts`` ranks."""
+def split_call(args: Sequence[Any], kwargs: dict[str, Any], parts: int, *, method: str, balance: bool = True) -> Shards:
+    """Shard the first positional argument (or keyword ``batch``) of a ``"split"`` call over ``parts`` ranks.
+
+    A :class:`Batch` is balanced by tokens over the ranks (:func:`balance_batch`) unless ``balance``
+    is false; other values are cut into contiguous slices.
+    """
     if args:
-        shards, real, padded = pad_and_shard(args[0], parts)
-        calls = [((shard, *args[1:]), dict(kwargs)) for shard in shards]
+        value = args[0]
     elif "batch" in kwargs:
-        shards, real, padded = pad_and_shard(kwargs["batch"], parts)
-        calls = [((), {**kwargs, "batch": shard}) for shard in shards]
+        value = kwargs["batch"]
     else:
         raise TypeError(f"{method} is dispatched with 'split' but was called without the batch to split "
                         f"(pass it as the first argument or as batch=...)")
-    return Shards(calls, real, padded)
+    order = None
+    if isinstance(value, Batch) and balance:
+        shards, real, padded, order = balance_batch(value, parts)
+    else:
+        shards, real, padded = pad_and_shard(value, parts)
+    if args:
+        calls = [((shard, *args[1:]), dict(kwargs)) for shard in shards]
+    else:
+        calls = [((), {**kwargs, "batch": shard}) for shard in shards]
+    return Shards(calls, real, padded, order)
+
+
+def balance_batch(batch: Batch, parts: int) -> tuple[list[Batch], int, int, list[int]]:
+    """``parts`` shards of equal size and near-equal token count; also returns the order they hold.
+
+    ``order`` lists, shard after shard, the (padded) batch index of every sample: what
+    :func:`gather_split` needs to put joined results back in the caller's order.
+    """
+    if parts < 1:
+        raise ValueError(f"cannot shard over {parts} ranks")
+    n = len(batch)
+    per = math.ceil(n / parts)
+    padded = per * parts
+    if padded != n:
+        batch = _pad_batch(batch, padded)
+    tokens = (batch.prompt_mask.sum(-1) + batch.response_attention_mask.sum(-1)).tolist()
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    sums = [0] * parts
+    # Longest first, each to the lightest rank that still has room (stable: ties keep batch order).
+    for i in sorted(range(padded), key=lambda i: -tokens[i]):
+        rank = min((r for r in range(parts) if len(groups[r]) < per), key=lambda r: sums[r])
+        groups[rank].append(i)
+        sums[rank] += tokens[i]
+    groups = [sorted(g) for g in groups]
+    return [batch.select(g) for g in groups], n, padded, [i for g in groups for i in g]
+
+
+def _pad_batch(batch: Batch, size: int) -> Batch:
+    n = len(batch)
+    fill = batch.select([n - 1] * (size - n))
+    fill = fill.replace(response_mask=torch.zeros_like(fill.response_mask))
+    return Batch.concat([batch, fill])
 
 
 def pad_and_shard(value: Any, parts: int) -> tuple[list[Any], int, int]:
@@ -54,9 +103,7 @@ def pad_and_shard(value: Any, parts: int) -> tuple[list[Any], int, int]:
     padded = per * parts
     if isinstance(value, Batch):
         if padded != n:
-            fill = value.select([n - 1] * (padded - n))
-            fill = fill.replace(response_mask=torch.zeros_like(fill.response_mask))
-            value = Batch.concat([value, fill])
+            value = _pad_batch(value, padded)
         return [value.select(range(i * per, (i + 1) * per)) for i in range(parts)], n, padded
     if isinstance(value, torch.Tensor):
         if padded != n:
@@ -69,8 +116,11 @@ def pad_and_shard(value: Any, parts: int) -> tuple[list[Any], int, int]:
                     f"list")
 
 
-def gather_split(results: Sequence[Any], *, real: int, padded: int) -> Any:
+def gather_split(results: Sequence[Any], *, real: int, padded: int, order: Sequence[int] | None = None) -> Any:
     """Join the ranks' results of a split call in rank order and drop what the padding produced.
+
+    With ``order`` (from :func:`balance_batch`), per-sample outputs are put back in the order of
+    the batch that was split.
 
     Per-sample outputs (batches, tensors, lists, and dataclasses or dicts of them) are
     concatenated; an output with ``k`` entries per input sample keeps ``k * real`` of them.
@@ -81,31 +131,38 @@ def gather_split(results: Sequence[Any], *, real: int, padded: int) -> Any:
     if first is None:
         return None
     if isinstance(first, Batch):
-        return _trim(Batch.concat(list(results)), real, padded)
+        return _trim(Batch.concat(list(results)), real, padded, order)
     if isinstance(first, torch.Tensor):
         if first.dim() == 0:
             return torch.stack(list(results)).float().mean()
-        return _trim(torch.cat(list(results)), real, padded)
+        return _trim(torch.cat(list(results)), real, padded, order)
     if isinstance(first, (bool, int, float)):
         return sum(float(r) for r in results) / len(results)
     if isinstance(first, list):
-        return _trim([x for r in results for x in r], real, padded)
+        return _trim([x for r in results for x in r], real, padded, order)
     if isinstance(first, dict):
-        return {k: gather_split([r[k] for r in results], real=real, padded=padded) for k in first}
+        return {k: gather_split([r[k] for r in results], real=real, padded=padded, order=order) for k in first}
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        fields = {f.name: gather_split([getattr(r, f.name) for r in results], real=real, padded=padded)
+        fields = {f.name: gather_split([getattr(r, f.name) for r in results], real=real, padded=padded, order=order)
                   for f in dataclasses.fields(first) if f.init}
         return dataclasses.replace(first, **fields)
     return list(results)
 
 
-def _trim(value: Any, real: int, padded: int) -> Any:
-    if padded == real or padded == 0:
+def _trim(value: Any, real: int, padded: int, order: Sequence[int] | None = None) -> Any:
+    if padded == 0 or (padded == real and order is None):
         return value
     n = len(value)
     if n % padded:
         return value  # not per-sample: nothing to cut
-    keep = n // padded * real
+    k = n // padded  # entries per input sample
+    if order is None:
+        keep = list(range(k * real))
+    else:
+        position = {sample: slot for slot, sample in enumerate(order)}
+        keep = [k * position[sample] + e for sample in range(real) for e in range(k)]
     if isinstance(value, Batch):
-        return value.select(range(keep))
-    return value[:keep]
+        return value.select(keep)
+    if isinstance(value, torch.Tensor):
+        return value[torch.tensor(keep, dtype=torch.long)]
+    return [value[i] for i in keep]

@@ -9,7 +9,9 @@ boundary is pickled, so generators are drained into lists here and context manag
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import socket
 import time
 from typing import Any, Callable
@@ -44,6 +46,7 @@ class WorkerHost:
         self.world = WorldInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
                                threads=threads)
         self.workers: dict[str, Any] = {}
+        self.shared: dict[str, Any] = {}
         self.engine: Any = None
 
     # ------------------------------------------------------------------ start-up
@@ -51,7 +54,10 @@ class WorkerHost:
         """Where this process runs (for error messages and tests)."""
         import torch
 
-        return {"pid": os.getpid(), "node": _node_ip(), "threads": torch.get_num_threads(),
+        import ray
+
+        return {"pid": os.getpid(), "node": _node_ip(), "node_id": ray.get_runtime_context().get_node_id(),
+                "threads": torch.get_num_threads(),
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""), "rank": self.world.rank}
 
     def load_plugins(self, plugins: list[tuple[str, str]]) -> tuple[str, str, str] | None:
@@ -85,8 +91,16 @@ class WorkerHost:
         os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.world.rank),
                           WORLD_SIZE=str(self.world.world_size), LOCAL_RANK=str(self.world.local_rank))
 
-    def create_worker(self, role: str, factory: Callable[[Any], Any]) -> type:
-        """Build ``role``'s worker on this rank; returns its class (for dispatch lookups)."""
+    def create_worker(self, role: str, packed: bytes, shared: dict[str, bytes]) -> type:
+        """Build ``role``'s worker on this rank; returns its class (for dispatch lookups).
+
+        ``packed`` is the pickled factory; the training backends it refers to come in ``shared``
+        and the first copy of each is kept, so every role this process hosts gets the same one.
+        """
+        for key, blob in shared.items():
+            if key not in self.shared:
+                self.shared[key] = pickle.loads(blob)
+        factory: Callable[[Any], Any] = _SharedUnpickler(io.BytesIO(packed), self.shared).load()
         worker = factory(self.world)
         self.workers[role] = worker
         return type(worker)
@@ -158,6 +172,17 @@ class WorkerHost:
                 return None
             return list(result)
         return result
+
+
+class _SharedUnpickler(pickle.Unpickler):
+    """Resolves the factory's references to objects this process already holds."""
+
+    def __init__(self, file: Any, shared: dict[str, Any]) -> None:
+        super().__init__(file)
+        self._shared = shared
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._shared[pid]
 
 
 def _node_ip() -> str:

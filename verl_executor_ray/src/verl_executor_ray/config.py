@@ -48,6 +48,11 @@ class RayExecutorConfig(ExecutorConfig):
             ``threads_per_worker`` says otherwise.
         startup_timeout_s: how long to wait for the pools' resources and for workers to start.
         log_to_driver: show the workers' output in this process.
+        balance_batches: give every data-parallel rank a near-equal number of tokens (samples
+            regrouped longest-first) instead of contiguous slices of the batch. Regrouping changes
+            which samples share a micro-batch, so a token-mean loss weighs tokens slightly
+            differently than one process would; ``false`` keeps contiguous slices, whose
+            micro-batches are the one-process ones.
     """
 
     address: str = ""
@@ -61,6 +66,7 @@ class RayExecutorConfig(ExecutorConfig):
     cpus_per_proc: float = 0.0
     startup_timeout_s: float = 180.0
     log_to_driver: bool = True
+    balance_batches: bool = True
 
     def validate(self) -> None:
         if self.nnodes < 1:

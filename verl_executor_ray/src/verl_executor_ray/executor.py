@@ -38,6 +38,7 @@ from verl_core.interfaces import (
     RolloutEngine,
     RolloutOutput,
     SamplingParams,
+    TrainingBackend,
     WorkerFailedError,
     WorkerGroup,
     WorldInfo,
@@ -329,28 +330,34 @@ class RayExecutor(Executor):
         procs = cfg.pool_sizes()[name]
         gpu = 1 if self.device == "cuda" else 0
         bundle = {"CPU": self.cpus_per_proc, **({"GPU": gpu} if gpu else {})}
-        # One placement group per node keeps each node's processes together (local ranks, NVLink).
-        groups = [placement_group([dict(bundle) for _ in range(procs)], strategy="STRICT_PACK",
-                                  name=f"verl-{name}-{os.getpid()}-{n}") for n in range(cfg.nnodes)]
-        self._pending_groups += groups
-        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=cfg.startup_timeout_s)
-        if len(ready) != len(groups):
+        # One bundle per node, holding that node's processes together (local ranks, NVLink), and
+        # the bundles spread over distinct nodes: nnodes=2 means two machines, not two slots that
+        # happen to fit on one.
+        node_bundle = {key: amount * procs for key, amount in bundle.items()}
+        group = placement_group([dict(node_bundle) for _ in range(cfg.nnodes)],
+                                strategy="STRICT_SPREAD" if cfg.nnodes > 1 else "STRICT_PACK",
+                                name=f"verl-{name}-{os.getpid()}")
+        self._pending_groups.append(group)
+        ready, _ = ray.wait([group.ready()], num_returns=1, timeout=cfg.startup_timeout_s)
+        if not ready:
+            nodes = len([n for n in ray.nodes() if n.get("Alive")])
             raise ConfigError(f"executor.pools.{name}",
                               f"{cfg.nnodes} node(s) x {procs} processes with {bundle} each could not be placed "
-                              f"within {cfg.startup_timeout_s:g}s; the cluster has {ray.available_resources()}")
+                              f"within {cfg.startup_timeout_s:g}s; the cluster has {nodes} node(s) and "
+                              f"{ray.available_resources()} free")
         host_cls = ray.remote(WorkerHost)
         env = self._worker_env()
         world = procs * cfg.nnodes
         hosts = []
-        for n, group in enumerate(groups):
+        for n in range(cfg.nnodes):
             for i in range(procs):
                 hosts.append(host_cls.options(
                     num_cpus=self.cpus_per_proc, num_gpus=gpu, max_restarts=0,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=n),
                     runtime_env={"env_vars": env},
                 ).remote(pool=name, rank=n * procs + i, world_size=world, local_rank=i, device=self.device,
                          threads=self.threads))
-        pool = _Pool(name, hosts, [{} for _ in hosts], groups, self)
+        pool = _Pool(name, hosts, [{} for _ in hosts], [group], self)
         self._pools[name] = pool
         pool.info = self._get(pool, [h.describe.remote() for h in hosts], role=role, method="start")
         for problem in self._get(pool, [h.load_plugins.remote(list(self.plugins)) for h in hosts], role=role,
@@ -370,12 +377,40 @@ class RayExecutor(Executor):
         pool = self._pool(self.config.pool_of(role.value), role=role.value)
         if any(g.role is role for g in pool.groups):
             raise ValueError(f"the {role.value} group already exists on pool {pool.name!r}")
+        packed, shared = self._pack_factory(factory)
         with pool.lock:
-            classes = self._get(pool, [h.create_worker.remote(role.value, factory) for h in pool.hosts],
+            classes = self._get(pool, [h.create_worker.remote(role.value, packed, shared) for h in pool.hosts],
                                 role=role.value, method="create_worker")
         group = RayWorkerGroup(executor=self, role=role, pool=pool, worker_cls=classes[0])
         pool.groups.append(group)
         return group
+
+    @staticmethod
+    def _pack_factory(factory: Callable[[WorldInfo], Any]) -> tuple[bytes, dict[str, bytes]]:
+        """Pickle a worker factory so that each training backend in it stays one object per process.
+
+        A backend may keep per-process state across the roles it builds (the FSDP backend gives
+        the reference of a LoRA actor the actor's own module instead of a second copy). Pickled
+        with every group, it would arrive as a fresh copy each time; instead it travels by
+        reference and each process keeps the first copy it receives, as in a single process.
+        """
+        import io
+
+        from ray import cloudpickle
+
+        shared: dict[str, bytes] = {}
+
+        class Pickler(cloudpickle.Pickler):
+            def persistent_id(self, obj: Any) -> str | None:
+                if not isinstance(obj, TrainingBackend):
+                    return None
+                key = f"{type(obj).__qualname__}@{id(obj)}"
+                shared.setdefault(key, cloudpickle.dumps(obj))
+                return key
+
+        buffer = io.BytesIO()
+        Pickler(buffer).dump(factory)
+        return buffer.getvalue(), shared
 
     def create_rollout(self, *, engine: type[RolloutEngine], config: RolloutConfig, model: ModelSpec,
                        tokenizer: Any, actor: WorkerGroup) -> RolloutEngine:
@@ -446,7 +481,8 @@ class RayExecutor(Executor):
                   kwargs: dict[str, Any], mode: str, *, role: str, method: str, fetch: bool = True) -> Any:
         start = time.perf_counter()
         if mode == "split":
-            shards = split_call(args, kwargs, pool.world_size, method=f"{role}.{method}")
+            shards = split_call(args, kwargs, pool.world_size, method=f"{role}.{method}",
+                                balance=self.config.balance_batches)
             return self._dispatch_shards(pool, host_method, head, shards, mode, role=role, method=method, start=start)
         packed: Any = (tuple(args), dict(kwargs))
         if pool.world_size > 1 and (args or kwargs):
@@ -474,7 +510,7 @@ class RayExecutor(Executor):
         with pool.lock:
             refs, seconds = pool.run(host_method, per_rank, role=role, method=method)
         finished = time.perf_counter()
-        result = gather_split(self._ray.get(refs), real=shards.real, padded=shards.padded)
+        result = gather_split(self._ray.get(refs), real=shards.real, padded=shards.padded, order=shards.order)
         end = time.perf_counter()
         self.stats.add(f"{role}.{method}", end - start, max(seconds), submitted - start, end - finished)
         return result
@@ -510,7 +546,23 @@ class RayExecutor(Executor):
 
     def _raise_first_failure(self, ready: list[Any], refs: list[Any], *, pool: _Pool, role: str, method: str) -> None:
         ray = self._ray
+        # A rank that dies makes its peers fail in their next collective ("connection reset by
+        # peer"), and that error may arrive first. Give the others a moment to report: a dead
+        # rank is the cause to name; the peers' errors only follow from it.
+        others = [r for r in refs if r not in ready]
+        if others:
+            more, _ = ray.wait(others, num_returns=len(others), timeout=_DEATH_GRACE_S)
+            ready = list(ready) + list(more)
+        dead = []
         for ref in ready:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                    ray.exceptions.OutOfMemoryError, ray.exceptions.NodeDiedError):
+                dead.append(ref)
+            except ray.exceptions.RayError:
+                pass
+        for ref in dead + [r for r in ready if r not in dead]:
             rank = refs.index(ref)
             try:
                 ray.get(ref)
@@ -524,6 +576,7 @@ class RayExecutor(Executor):
 
 
 # ---------------------------------------------------------------------- errors
+_DEATH_GRACE_S = 5.0  # how long a failure waits for the other ranks' outcome before it is reported
 def _where(pool: _Pool, rank: int) -> str:
     info = pool.info[rank] if rank < len(pool.info) else {}
     place = ", ".join(f"{k} {info[k]}" for k in ("pid", "node") if info.get(k))
