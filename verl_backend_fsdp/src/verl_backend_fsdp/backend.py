@@ -444,6 +444,8 @@ class FSDPWorker(TrainingWorker):
         out = {k: v / max(count, 1) for k, v in sums.items()}
         out[f"{prefix}/grad_norm"] = sum(norms) / len(norms)
         out[f"{prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        # Reported with the update, so a controller on another process needs no extra call for it.
+        out[f"memory/{prefix}_peak_gb"] = self.peak_memory_gb()
         self.module.train(False)
         return out
 

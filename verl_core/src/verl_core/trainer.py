@@ -281,8 +281,9 @@ class Trainer:
             "timing/step": elapsed,
             "throughput/samples_per_sec": n_samples / elapsed,
             "throughput/tokens_per_sec": tokens / elapsed,
-            "memory/actor_peak_gb": float(self.actor.peak_memory_gb()),
         })
+        if "memory/actor_peak_gb" not in m:  # backends may report it with the update (one call fewer)
+            m["memory/actor_peak_gb"] = float(self.actor.peak_memory_gb())
         return m
 
     def _draw_prompts(self) -> list[dict[str, Any]]:
