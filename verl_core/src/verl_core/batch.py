@@ -90,6 +90,26 @@ class Batch:
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
 
+    # ----------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """Integer tensors travel in the narrowest exact form (masks as bool, ids as int32).
+
+        Batches cross process boundaries on every executor call; int64 masks and ids make up most
+        of their bytes, and below a size threshold Ray sends arguments inline instead of through
+        its object store. :meth:`__setstate__` restores the original dtypes, so a round trip is exact.
+        """
+        state = dict(self.__dict__)
+        for name in TENSOR_FIELDS:
+            if state.get(name) is not None:
+                state[name] = _Narrowed.of(state[name])
+        state["extras"] = {k: _Narrowed.of(v) for k, v in self.extras.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = {k: v.restore() if isinstance(v, _Narrowed) else v for k, v in state.items()}
+        state["extras"] = {k: v.restore() if isinstance(v, _Narrowed) else v for k, v in state.get("extras", {}).items()}
+        self.__dict__.update(state)
+
     # ----------------------------------------------------------------- views
     @property
     def input_ids(self) -> torch.Tensor:
@@ -202,3 +222,33 @@ def _pad_to(t: torch.Tensor, width: int, fill: float, *, left: bool) -> torch.Te
         return t
     pad = torch.full((t.shape[0], missing), fill, dtype=t.dtype)
     return torch.cat([pad, t], dim=1) if left else torch.cat([t, pad], dim=1)
+
+
+class _Narrowed:
+    """An integer tensor stored in a narrower dtype for pickling, with the dtype to restore."""
+
+    __slots__ = ("tensor", "dtype")
+
+    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+        self.tensor, self.dtype = tensor, dtype
+
+    def __getstate__(self) -> tuple[torch.Tensor, torch.dtype]:
+        return self.tensor, self.dtype
+
+    def __setstate__(self, state: tuple[torch.Tensor, torch.dtype]) -> None:
+        self.tensor, self.dtype = state
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> Any:
+        if tensor.dtype not in (torch.int64, torch.int32) or tensor.numel() == 0 or tensor.device.type != "cpu":
+            return tensor
+        lo, hi = int(tensor.min()), int(tensor.max())
+        if lo >= 0 and hi <= 1:
+            return _Narrowed(tensor.bool(), tensor.dtype)
+        if tensor.dtype == torch.int64 and -(2**31) <= lo and hi < 2**31:
+            return _Narrowed(tensor.int(), tensor.dtype)
+        return tensor
+
+    def restore(self) -> torch.Tensor:
+        return self.tensor.to(self.dtype)
+
