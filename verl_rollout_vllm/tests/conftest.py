@@ -63,7 +63,9 @@ def vllm_engine(model_dir: str, tokenizer: Any) -> Iterator[Any]:
     from verl_core.interfaces import ModelSpec
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
-    engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.25, max_model_len=64),
+    # Adapters on (max_lora_rank) so one engine also covers LoRA adapter sync; without an adapter
+    # loaded it serves the base weights like any engine.
+    engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.25, max_model_len=64, max_lora_rank=8),
                          model=ModelSpec(path=model_dir, dtype="float32"), tokenizer=tokenizer)
     yield engine
     engine.close()

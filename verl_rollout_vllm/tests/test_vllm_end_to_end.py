@@ -76,3 +76,22 @@ def test_engine_that_cannot_start_stops_the_run_with_the_fix(tmp_path: Path, cac
     assert res.returncode == 2, text[-3000:]
     assert "error: rollout.kv_cache_gb: the vLLM engine could not start" in res.stderr, text[-3000:]
     assert "lower rollout.kv_cache_gb" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_lora_run_syncs_adapters_and_a_mismatch_is_a_config_error(tmp_path: Path, cache: Path) -> None:
+    lora = ["backend.lora_rank=4", "backend.lora_sync=adapters"]
+    out = tmp_path / "run"
+    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
+               *FAST, *lora, "rollout.max_lora_rank=8", cache=cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "ppo/actor_loss" in line]
+    assert [r["step"] for r in train] == [1, 2]
+    # The second step's rollout came from base + the adapter trained in step 1: same policy as the trainer.
+    assert train[1]["rollout/log_prob_diff_max"] < 1e-3
+    # An engine that serves no adapters is refused before the first step, naming the key.
+    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
+               str(tmp_path / "bad"), *FAST, *lora, cache=cache)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "backend.lora_sync:" in res.stderr and "rollout.max_lora_rank" in res.stderr
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists() or "ppo/actor_loss" not in (
+        tmp_path / "bad" / "metrics.jsonl").read_text()

@@ -126,3 +126,42 @@ def test_top_k_one_is_greedy(vllm_engine: Any, prompts: list[list[int]]) -> None
     top1 = vllm_engine.generate(prompts, sampling=SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=6,
                                                                  seed=9))
     assert top1.response_ids == [r for r in greedy.response_ids for _ in range(2)]
+
+
+@pytest.mark.vllm
+def test_lora_actor_syncs_only_its_adapter(vllm_engine: Any, fsdp_actor: Any, model_dir: str,
+                                           prompts: list[list[int]], tokenizer: Any) -> None:
+    """backend.lora_sync='adapters': the engine keeps the base weights and serves the trained adapter."""
+    pytest.importorskip("peft")
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.rollout_utils import sync_rollout_weights
+    from verl_core.testing import make_batch
+
+    actor = FSDPBackend(FSDPConfig(lr=5e-2, lora_rank=4, lora_sync="adapters")).create_worker(
+        role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(), seed=0)
+    batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=len(tokenizer),
+                       advantages=True, seed=0)
+
+    def loss(*, batch, log_probs, entropy=None, values=None):
+        value = -(log_probs * batch.advantages * batch.response_mask).sum() / batch.response_mask.sum()
+        return value, {}
+
+    for _ in range(3):  # lora_B starts at zero: a few updates make the adapter matter
+        actor.update_policy(batch, loss_fn=loss, mini_batch_size=0, epochs=1)
+    adapter = actor.lora_adapter()
+    assert adapter is not None and adapter.rank == 4
+    assert adapter.tensors and all(".lora_A." in k or ".lora_B." in k for k in adapter.tensors)
+    model_numel = sum(p.numel() for p in actor.module.parameters() if not p.requires_grad)
+    assert sum(t.numel() for t in adapter.tensors.values()) < 0.5 * model_numel
+    try:
+        sync_rollout_weights(vllm_engine, actor)  # the adapter path: nothing else is sent
+        assert vllm_engine._lora is not None
+        moved = float((actor.compute_log_probs(batch).log_probs - fsdp_actor.compute_log_probs(batch).log_probs)
+                      [batch.response_mask.bool()].abs().max())
+        assert moved > 1e-2  # the adapter changed the policy ...
+        assert _rollout_vs_actor_gap(vllm_engine, actor, prompts, tokenizer) <= 1e-3  # ... and vLLM serves it
+    finally:
+        vllm_engine.load_weights(fsdp_actor.iter_weights())  # full weights replace the adapter
+        actor.close()
+    assert vllm_engine._lora is None
+    assert _rollout_vs_actor_gap(vllm_engine, fsdp_actor, prompts, tokenizer) <= 1e-3

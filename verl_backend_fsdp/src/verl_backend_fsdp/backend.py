@@ -34,6 +34,7 @@ from verl_core.batch import Batch
 from verl_core.interfaces import (
     BackendConfig,
     LogProbs,
+    LoRAAdapter,
     LossFn,
     ModelSpec,
     Role,
@@ -70,6 +71,10 @@ class FSDPConfig(BackendConfig):
         lora_alpha: LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_rank``).
         lora_dropout: dropout on the LoRA path.
         lora_target_modules: module names that get adapters.
+        lora_sync: how a rollout engine with its own copy of the weights receives a LoRA actor's
+            policy: ``"merged"`` (full weights with the adapters folded in; any engine) or
+            ``"adapters"`` (only the adapter tensors, a few MB instead of the model; the engine
+            must serve adapters, e.g. the vllm rollout with ``rollout.max_lora_rank``).
         remove_padding: run actor and reference forwards on packed sequences (one row of only real
             tokens, position ids restarting per sequence) instead of a padded ``[batch, length]``
             block. ``"auto"`` packs when the model uses a variable-length attention kernel
@@ -90,6 +95,7 @@ class FSDPConfig(BackendConfig):
     lora_dropout: float = 0.0
     lora_target_modules: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_sync: str = "merged"
     remove_padding: str = "auto"
 
     def validate(self) -> None:
@@ -101,6 +107,8 @@ class FSDPConfig(BackendConfig):
             raise ValueError("lora_rank: must be >= 0 (0 trains all weights)")
         if self.micro_batch_max_tokens < 0:
             raise ValueError("micro_batch_max_tokens: must be >= 0 (0 uses micro_batch_size)")
+        if self.lora_sync not in ("merged", "adapters"):
+            raise ValueError(f"lora_sync: must be 'merged' or 'adapters', not {self.lora_sync!r}")
         if str(self.remove_padding).lower() not in ("auto", "true", "false"):
             raise ValueError(f"remove_padding: must be 'auto', 'true' or 'false', not {self.remove_padding!r}")
 
@@ -525,6 +533,16 @@ class FSDPWorker(TrainingWorker):
                 weight = (weight.float() + scale * (lora_b.float() @ lora_a.float())).to(weight.dtype)
             # Hugging Face names, as an inference engine expects them.
             yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), weight
+
+    def lora_adapter(self) -> LoRAAdapter | None:
+        if not self.lora or self.config.lora_sync != "adapters":
+            return None
+        # Gathered on every rank (the shards need all of them); PEFT's saved names drop the
+        # adapter's name ("default").
+        tensors = {name.replace(".default.", "."): _full(tensor).clone()
+                   for name, tensor in self.module.state_dict().items() if ".lora_" in name}
+        return LoRAAdapter(rank=self.config.lora_rank, alpha=self.config.lora_alpha,
+                           target_modules=list(self.config.lora_target_modules), tensors=tensors)
 
     def peak_memory_gb(self) -> float:
         if self.device.type == "cuda":

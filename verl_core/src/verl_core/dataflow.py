@@ -326,8 +326,9 @@ class DataflowBuilder:
     def sync_weights(self) -> str:
         """Push the updated policy weights into the rollout engine."""
         def fn(ctx: StepContext) -> None:
-            if not ctx.rollout.shares_actor_weights:
-                ctx.rollout.load_weights(ctx.actor.iter_weights())
+            from verl_core.rollout_utils import sync_rollout_weights
+
+            sync_rollout_weights(ctx.rollout, ctx.actor)
 
         updates = [n.name for n in self._nodes if n.name == "update_actor"]
         return self.node("sync_weights", fn, after=tuple(updates), role="rollout")

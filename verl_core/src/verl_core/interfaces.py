@@ -24,6 +24,7 @@ __all__ = [
     "ModelSpec",
     "WorldInfo",
     "LogProbs",
+    "LoRAAdapter",
     "LossFn",
     "TrainingWorker",
     "TrainingBackend",
@@ -222,6 +223,14 @@ class TrainingWorker(abc.ABC):
         """Full (unsharded) weights one tensor at a time, in Hugging Face parameter names."""
         raise NotImplementedError
 
+    @dispatch("broadcast")
+    def lora_adapter(self) -> LoRAAdapter | None:
+        """The trained LoRA adapter, when this worker trains adapters and syncs them as such.
+
+        ``None`` (the default) means rollout engines get full weights from :meth:`iter_weights`.
+        """
+        return None
+
     def hf_module(self) -> torch.nn.Module:
         """The live Hugging Face module, for engines that share weights in the same process."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its module in-process")
@@ -334,6 +343,29 @@ class RolloutConfig:
                               max_new_tokens=self.max_new_tokens, seed=seed)
 
 
+@dataclass
+class LoRAAdapter:
+    """A LoRA adapter as a rollout engine receives it (the PEFT format, in memory).
+
+    Attributes:
+        rank: ``r`` of the adapter.
+        alpha: ``lora_alpha`` (the update is scaled by ``alpha / rank``).
+        target_modules: module names that carry adapters (``q_proj``, ...).
+        tensors: PEFT parameter names (``base_model.model.<HF name>.lora_A.weight``) -> full tensors.
+    """
+
+    rank: int
+    alpha: int
+    target_modules: list[str]
+    tensors: dict[str, torch.Tensor]
+
+    def peft_config(self, base_model_path: str) -> dict[str, Any]:
+        """The ``adapter_config.json`` contents PEFT and inference engines read."""
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
+                "target_modules": sorted(self.target_modules), "lora_dropout": 0.0, "bias": "none",
+                "base_model_name_or_path": base_model_path, "fan_in_fan_out": False, "inference_mode": True}
+
+
 class RolloutEngine(abc.ABC):
     """Generates responses from the current policy.
 
@@ -341,6 +373,8 @@ class RolloutEngine(abc.ABC):
         shares_actor_weights: True when the engine runs on the actor's own parameters in the same
             process, so a weight sync is a no-op.
         supports_memory_release: True when :meth:`release_memory` really frees memory.
+        accepts_lora_adapters: True when :meth:`load_lora_adapter` works (the engine serves the
+            base weights plus an adapter, so a sync sends only the adapter).
     """
 
     Config: ClassVar[type[RolloutConfig]] = RolloutConfig
@@ -363,6 +397,14 @@ class RolloutEngine(abc.ABC):
         """Replace the engine's weights in place with the given (name, full tensor) stream."""
         if not self.shares_actor_weights:
             raise NotImplementedError(f"{type(self).__name__} cannot load new weights")
+
+    @property
+    def accepts_lora_adapters(self) -> bool:
+        return False
+
+    def load_lora_adapter(self, adapter: LoRAAdapter) -> None:
+        """Serve the base weights with ``adapter`` from now on (replacing any earlier adapter)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load LoRA adapters")
 
     def release_memory(self) -> None:
         """Free weights/KV cache between rollouts where the engine can; a no-op otherwise."""

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import RolloutEngine, RolloutOutput, SamplingParams
+from verl_core.interfaces import RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
 
 __all__ = ["generate_batch", "build_batch", "left_pad", "right_pad"]
 
@@ -72,3 +72,30 @@ def generate_batch(engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sam
     # The response budget, for losses normalised by a constant length (Dr. GRPO) and length shaping.
     batch.info["max_new_tokens"] = sampling.max_new_tokens
     return batch
+
+
+def sync_rollout_weights(rollout: RolloutEngine, actor: TrainingWorker) -> None:
+    """Bring ``rollout`` to the actor's current policy: nothing, a LoRA adapter, or full weights.
+
+    An actor that trains LoRA adapters and offers them (:meth:`TrainingWorker.lora_adapter`)
+    sends only the adapter to an engine that accepts one; otherwise the full weights stream.
+    """
+    if rollout.shares_actor_weights:
+        return
+    adapter = check_weight_sync(rollout, actor)
+    if adapter is not None:
+        rollout.load_lora_adapter(adapter)
+    else:
+        rollout.load_weights(actor.iter_weights())
+
+
+def check_weight_sync(rollout: RolloutEngine, actor: TrainingWorker) -> Any:
+    """The actor's adapter if it syncs one (``None`` otherwise); an error if ``rollout`` cannot load it."""
+    adapter = None if rollout.shares_actor_weights else actor.lora_adapter()
+    if adapter is not None and not rollout.accepts_lora_adapters:
+        from verl_core.config import ConfigError
+
+        raise ConfigError("backend.lora_sync", f"the actor syncs LoRA adapters but this {type(rollout).__name__} "
+                                               f"cannot load them: set backend.lora_sync='merged', or make the engine "
+                                               f"serve adapters (vllm: rollout.max_lora_rank >= backend.lora_rank)")
+    return adapter

@@ -156,6 +156,9 @@ class Trainer:
             self.rollout = self.executor.create_rollout(
                 engine=self.registry.load("rollout", cfg.rollout.name), config=cfg.rollout.config,
                 model=self.model_spec, tokenizer=self.tokenizer, actor=self.actor)
+            from verl_core.rollout_utils import check_weight_sync
+
+            check_weight_sync(self.rollout, self.actor)  # before the first step, not at its first sync
             builder = DataflowBuilder()
             self.algorithm.build_dataflow(builder)
             self.dataflow: Dataflow = builder.build()
@@ -212,8 +215,9 @@ class Trainer:
         self.resumed_from = ckpt
         # An engine with its own copy of the weights (vLLM, a server) started from model.path; the
         # first rollout after a resume must already come from the checkpoint's policy.
-        if not self.rollout.shares_actor_weights:
-            self.rollout.load_weights(self.actor.iter_weights())
+        from verl_core.rollout_utils import sync_rollout_weights
+
+        sync_rollout_weights(self.rollout, self.actor)
 
     # ------------------------------------------------------------------ run
     def train(self) -> dict[str, float]:

@@ -111,7 +111,8 @@ class WorkerHost:
         actor = self.workers[actor_role] if actor_role is not None else None
         self.engine = engine_cls(config=config, model=model, tokenizer=tokenizer, actor=actor, world=self.world)
         return {"shares_actor_weights": bool(self.engine.shares_actor_weights),
-                "supports_memory_release": bool(self.engine.supports_memory_release)}
+                "supports_memory_release": bool(self.engine.supports_memory_release),
+                "accepts_lora_adapters": bool(self.engine.accepts_lora_adapters)}
 
     # ------------------------------------------------------------------ calls
     def call(self, role: str, method: str, packed: tuple[tuple[Any, ...], dict[str, Any]],

@@ -192,6 +192,7 @@ class RayRollout(RolloutEngine):
         self.actor_role = actor_role
         self.shares_actor_weights = caps["shares_actor_weights"]
         self.supports_memory_release = caps["supports_memory_release"]
+        self._accepts_lora_adapters = caps.get("accepts_lora_adapters", False)
         self.world_size = pool.world_size
 
     @property
@@ -221,6 +222,14 @@ class RayRollout(RolloutEngine):
         # A top-level argument, so Ray hands each process the tensors straight from the object store.
         self.executor._run(self.pool, "engine_load_weights", [(ref,)] * self.pool.world_size, role="rollout",
                            method="load_weights")
+
+    @property
+    def accepts_lora_adapters(self) -> bool:
+        return self._accepts_lora_adapters
+
+    def load_lora_adapter(self, adapter: Any) -> None:
+        self.executor._dispatch(self.pool, "engine_call", ("load_lora_adapter",), (adapter,), {}, "all",
+                                role="rollout", method="load_lora_adapter")
 
     def release_memory(self) -> None:
         self.executor._dispatch(self.pool, "engine_call", ("release_memory",), (), {}, "all", role="rollout",

@@ -19,6 +19,7 @@ machine without vLLM.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -31,7 +32,15 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from verl_core.config import ConfigError
-from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+from verl_core.interfaces import (
+    LoRAAdapter,
+    ModelSpec,
+    RolloutConfig,
+    RolloutEngine,
+    RolloutOutput,
+    SamplingParams,
+    WorldInfo,
+)
 
 from verl_rollout_vllm._install import INSTALL_HINT, explain_start_failure, import_vllm, vllm_available
 
@@ -77,6 +86,9 @@ class VLLMRolloutConfig(RolloutConfig):
         enable_sleep_mode: free weights and KV cache between rollouts (GPU only; vLLM does not
             support sleep mode on CPU, where release/reacquire are no-ops).
         engine_seed: seed of the engine's own RNG (each request also gets its own seed).
+        max_lora_rank: serve LoRA adapters up to this rank (0: off). With it, an actor that syncs
+            adapters (``backend.lora_sync='adapters'``) sends only the adapter after each update
+            and the engine keeps the base weights.
         log_level: vLLM's log level (``VLLM_LOGGING_LEVEL``) while the engine starts and runs.
         engine_kwargs: extra keyword arguments for ``vllm.LLM`` (they win over the fields above).
     """
@@ -92,6 +104,7 @@ class VLLMRolloutConfig(RolloutConfig):
     multiprocessing: bool = False
     enable_sleep_mode: bool = False
     engine_seed: int = 0
+    max_lora_rank: int = 0
     log_level: str = "ERROR"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -103,6 +116,8 @@ class VLLMRolloutConfig(RolloutConfig):
             raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size: must be at least 1")
+        if self.max_lora_rank < 0:
+            raise ValueError("max_lora_rank: must be >= 0 (0 serves no adapters)")
         if self.max_model_len < 0 or self.max_num_seqs < 0:
             raise ValueError("max_model_len/max_num_seqs: must be >= 0 (0 keeps vLLM's default)")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -134,6 +149,9 @@ class VLLMRollout(RolloutEngine):
         super().__init__(config=config, model=model, tokenizer=tokenizer, actor=actor, world=world)
         self.last_sync_seconds = 0.0
         self._broken: str | None = None
+        self._lora: Any = None  # the LoRARequest every generation uses, once an adapter is loaded
+        self._lora_dir = ""
+        self._lora_version = 0
         self._tmp_dirs: list[str] = []
         self._stop_ids = _eos_ids(tokenizer)
         self._llm = self._start()
@@ -177,6 +195,8 @@ class VLLMRollout(RolloutEngine):
             kwargs["max_num_seqs"] = cfg.max_num_seqs
         if cfg.kv_cache_gb > 0:
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * _GIB)
+        if cfg.max_lora_rank:
+            kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
         if not on_cpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = cfg.enable_sleep_mode
@@ -222,7 +242,7 @@ class VLLMRollout(RolloutEngine):
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
         self._check_usable()
         requests, params, copies = self.vllm_requests(prompt_ids, sampling)
-        outputs = self._llm.generate(requests, sampling_params=params, use_tqdm=False)
+        outputs = self._llm.generate(requests, sampling_params=params, use_tqdm=False, lora_request=self._lora)
         responses: list[list[int]] = []
         log_probs: list[list[float]] = []
         reasons: list[str] = []
@@ -275,6 +295,45 @@ class VLLMRollout(RolloutEngine):
         return requests, params, copies
 
     # ------------------------------------------------------------------ weights
+    @property
+    def accepts_lora_adapters(self) -> bool:
+        return self.config.max_lora_rank > 0
+
+    def load_lora_adapter(self, adapter: LoRAAdapter) -> None:
+        """Serve the base weights plus ``adapter`` from the next generation on.
+
+        The adapter is written in PEFT's format to a fresh directory and registered under a new
+        id, so vLLM never serves a cached copy of an older version; the previous one is removed.
+        """
+        self._check_usable()
+        if not self.accepts_lora_adapters:
+            raise ValueError("this vllm rollout serves no adapters: set rollout.max_lora_rank >= the adapter's rank")
+        if adapter.rank > self.config.max_lora_rank:
+            raise ValueError(f"the actor's LoRA rank {adapter.rank} exceeds rollout.max_lora_rank="
+                             f"{self.config.max_lora_rank}; raise rollout.max_lora_rank")
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        directory = tempfile.mkdtemp(prefix="verl-vllm-lora-")
+        save_file({k: v.detach().contiguous().cpu() for k, v in adapter.tensors.items()},
+                  os.path.join(directory, "adapter_model.safetensors"))
+        with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+            json.dump(adapter.peft_config(self.model.path or ""), f)
+        self._drop_lora()
+        self._lora_version += 1
+        self._lora = LoRARequest(f"verl-policy-{self._lora_version}", self._lora_version, directory)
+        self._lora_dir = directory
+        self._llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - start
+
+    def _drop_lora(self) -> None:
+        if self._lora is None:
+            return
+        self._llm.llm_engine.remove_lora(self._lora.lora_int_id)
+        shutil.rmtree(self._lora_dir, ignore_errors=True)
+        self._lora, self._lora_dir = None, ""
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights in place with a (HF name, full tensor) stream.
 
@@ -284,6 +343,7 @@ class VLLMRollout(RolloutEngine):
         """
         self._check_usable()
         start = time.perf_counter()
+        self._drop_lora()  # full weights are the whole policy: an adapter on top would change it
         try:
             if self.config.multiprocessing:
                 # Tensors arrive as lists through vLLM's inter-process RPC: hand over a file instead.
@@ -341,6 +401,8 @@ class VLLMRollout(RolloutEngine):
                 with contextlib.suppress(Exception):
                     shutdown()
             del llm
+        if self._lora_dir:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
         for tmp in self._tmp_dirs:
             shutil.rmtree(tmp, ignore_errors=True)
         self._tmp_dirs.clear()
