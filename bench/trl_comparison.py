@@ -507,7 +507,7 @@ def main() -> None:
         state = {"settings": settings(args, workload), "versions": versions(), "runs": []}
         if args.resume and results_path.is_file():
             old = json.loads(results_path.read_text())
-            if old["settings"] != state["settings"]:
+            if old["settings"] != json.loads(json.dumps(state["settings"])):  # tuples come back as lists
                 sys.exit(f"--resume: {results_path} was written with other settings; drop --resume to start over")
             state["runs"] = old["runs"]
         done = {(r["round"], r["config"]) for r in state["runs"]}
@@ -555,6 +555,8 @@ def summarise(state: dict) -> dict[str, dict]:
             "tracebacks": [r.get("traceback", "") for r in runs if "error" in r],
             "step": step, "samples_per_s": samples / step, "tokens_per_s": samples * (s["prompt_tokens"] + length) / step,
             "response_length": length, "timed_steps": len(timed),
+            "step_min": min((st["seconds"] for st in timed), default=float("nan")),
+            "step_max": max((st["seconds"] for st in timed), default=float("nan")),
             "generate": _median([st["generate"] for st in timed if "generate" in st]),
             "update": _median([st["update"] for st in timed if "update" in st]),
             "sync": _median([st["sync"] for st in timed if "sync" in st]),
@@ -563,6 +565,26 @@ def summarise(state: dict) -> dict[str, dict]:
             "curves": curves,
         }
     return out
+
+
+def per_round_steps(state: dict) -> dict[int, dict[str, float]]:
+    """Median timed step of each configuration in each round (the runs that finished)."""
+    warm = state["settings"]["warmup"]
+    out: dict[int, dict[str, float]] = {}
+    for r in state["runs"]:
+        timed = [st["seconds"] for st in r.get("steps", [])[warm:]]
+        if timed:
+            out.setdefault(r["round"], {})[r["config"]] = statistics.median(timed)
+    return out
+
+
+def paired(state: dict, a: str, b: str) -> list[float]:
+    """Step-time ratios b / a (= samples/s ratios a / b), one per round in which both ran.
+
+    The machine's speed drifts over a comparison (other work, thermal state); configurations of
+    the same round ran minutes apart, so their ratio is what the alternation is for.
+    """
+    return [steps[b] / steps[a] for _, steps in sorted(per_round_steps(state).items()) if a in steps and b in steps]
 
 
 def report(state: dict, results_path: Path) -> None:
@@ -591,19 +613,25 @@ def report(state: dict, results_path: Path) -> None:
         f"Command: `python bench/trl_comparison.py --rounds {rounds} --steps {s['steps']} --max-new-tokens "
         f"{s['max_new_tokens']}`; date {time.strftime('%Y-%m-%d')}.",
         "",
-        "| configuration | runs ok | median step (s) | samples/s | tokens/s | response length | generate (s) "
-        "| update (s) | weight sync (s) | peak RSS (GiB) | reward, first -> last step |",
+        "| configuration | runs ok | median step (s) [min-max] | samples/s | tokens/s | response length "
+        "| generate (s) | update (s) | weight sync (s) | peak RSS (GiB) | reward, first -> last step |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in summary.items():
         curve = f"{m['curve'][0]:.3f} -> {m['curve'][-1]:.3f}" if m["curve"] else "n/a"
-        lines.append(f"| {name} | {m['ok']}/{m['runs']} | {f(m['step'])} | {f(m['samples_per_s'])} | "
+        spread = f" [{f(m['step_min'])}-{f(m['step_max'])}]" if m["timed_steps"] else ""
+        lines.append(f"| {name} | {m['ok']}/{m['runs']} | {f(m['step'])}{spread} | {f(m['samples_per_s'])} | "
                      f"{f(m['tokens_per_s'], 0)} | {f(m['response_length'], 1)} | {f(m['generate'])} | "
                      f"{f(m['update'])} | {f(m['sync'])} | {f(m['rss'])} | {curve} |")
     ratios = []
 
     def ratio(label: str, a: str, b: str, key: str, target: str, better_high: bool = True) -> None:
         if a in summary and b in summary and summary[a]["ok"] and summary[b]["ok"]:
+            if key == "samples_per_s":
+                rounds_ = paired(state, a, b)
+                each = ", ".join(f"{x:.2f}" for x in rounds_)
+                ratios.append(f"| {label} | {_median(rounds_):.2f}x (per round: {each}) | {target} |")
+                return
             x = summary[a][key] / summary[b][key]
             ratios.append(f"| {label} | {x:.2f}x | {target} |")
         else:
@@ -614,16 +642,21 @@ def report(state: dict, results_path: Path) -> None:
     ratio("samples/s, ours-vllm / trl-vllm", "ours-vllm", "trl-vllm", "samples_per_s", "(>= 3x vs TRL)")
     ratio("samples/s, ours-hf / trl-hf", "ours-hf", "trl-hf", "samples_per_s", ">= 1.0x")
     ratio("peak RSS, ours-hf / trl-hf", "ours-hf", "trl-hf", "rss", "<= 1.0x")
-    ratio("peak RSS, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "rss", "<= 1.0x")
-    lines += ["", "| ratio | value | target |", "|---|---|---|", *ratios, "",
+    ratio("peak RSS, ours-vllm / trl-vllm", "ours-vllm", "trl-vllm", "rss", "<= 1.0x")
+    ratio("peak RSS, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "rss", "(engine copy of the weights + KV cache)")
+    lines += ["", "Ratios of speed pair the configurations round by round (each round's median steps) and take "
+              "the median over rounds, so drift of the machine's speed between rounds cancels; RSS ratios compare "
+              "the peaks over all runs.", "",
+              "| ratio | value | target |", "|---|---|---|", *ratios, "",
               "Overhead over the raw floor, (configuration step - floor step) / floor step, same engine "
-              "(the vLLM floor includes the bare weight reload into the engine):", "",
-              "| configuration | floor | overhead | target |", "|---|---|---|---|"]
+              "(the vLLM floor includes the bare weight reload into the engine), paired by round like the ratios:", "",
+              "| configuration | floor | overhead (median of rounds) | per round | target |", "|---|---|---|---|---|"]
     for name, floor in FLOOR_OF.items():
         if name in summary and floor in summary and summary[name]["ok"] and summary[floor]["ok"]:
-            over = (summary[name]["step"] - summary[floor]["step"]) / summary[floor]["step"]
+            overs = [x - 1 for x in paired(state, floor, name)]
             target = "<= 5%" if name.startswith("ours") else ""
-            lines.append(f"| {name} | {floor} | {over * 100:+.1f}% | {target} |")
+            each = ", ".join(f"{x * 100:+.1f}%" for x in overs)
+            lines.append(f"| {name} | {floor} | {_median(overs) * 100:+.1f}% | {each} | {target} |")
     lines += ["", "Reward by step (mean over rounds; step 1 is the warm-up):", "",
               "| configuration | " + " | ".join(f"step {i + 1}" for i in range(s["steps"])) + " |",
               "|---|" + "---|" * s["steps"]]
