@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -89,9 +90,17 @@ def sync_rollout_weights(rollout: RolloutEngine, actor: TrainingWorker) -> None:
         rollout.load_weights(actor.iter_weights())
 
 
+# Whether an actor syncs LoRA adapters is fixed by its configuration: once an actor has answered
+# "no", later syncs skip the question (on Ray it is a round trip to every rank).
+_SYNCS_ADAPTERS: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
 def check_weight_sync(rollout: RolloutEngine, actor: TrainingWorker) -> Any:
     """The actor's adapter if it syncs one (``None`` otherwise); an error if ``rollout`` cannot load it."""
-    adapter = None if rollout.shares_actor_weights else actor.lora_adapter()
+    if rollout.shares_actor_weights or _SYNCS_ADAPTERS.get(actor) is False:
+        return None
+    adapter = actor.lora_adapter()
+    _SYNCS_ADAPTERS[actor] = adapter is not None
     if adapter is not None and not rollout.accepts_lora_adapters:
         from verl_core.config import ConfigError
 
