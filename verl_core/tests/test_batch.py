@@ -28,3 +28,11 @@ def test_pickle_round_trip_is_exact_and_narrows_integer_tensors():
     # Masks go as bool and ids as int32: well under half the bytes of plain int64 tensors.
     plain = pickle.dumps({k: v for k, v in batch.__dict__.items()})
     assert len(pickle.dumps(batch)) < 0.6 * len(plain)
+
+
+def test_to_moves_every_tensor_and_shares_metadata():
+    batch = make_batch(batch_size=8, advantages=True, seed=1).replace(extras={"x": torch.ones(8)})
+    moved = batch.to("meta")  # a device every machine has
+    assert all(t.device.type == "meta" for t in moved.tensors().values())
+    assert moved.extras["x"].device.type == "meta"
+    assert moved.meta is batch.meta and batch.prompt_ids.device.type == "cpu"

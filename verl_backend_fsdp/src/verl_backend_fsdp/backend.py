@@ -398,7 +398,8 @@ class FSDPWorker(TrainingWorker):
             return super().update_policy(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
 
         def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            micro = micro.trim_padding()
+            # The loss reads the batch's advantages, old log-probs, masks: on the compute device.
+            micro = micro.trim_padding().to(self.device)
             lp, ent = self._forward(micro, with_entropy=True)
             return loss_fn(batch=micro, log_probs=lp, entropy=ent)
 
@@ -408,7 +409,7 @@ class FSDPWorker(TrainingWorker):
         if self.role is not Role.CRITIC:
             return super().update_values(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
         def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            micro = micro.trim_padding()
+            micro = micro.trim_padding().to(self.device)
             return loss_fn(batch=micro, values=self._values_forward(micro))
 
         return self._optimize(batch, micro_loss, mini_batch_size, epochs, prefix="critic")

@@ -134,6 +134,13 @@ class Batch:
         """A copy with some fields replaced (tensors are shared, not copied)."""
         return dataclasses.replace(self, **changes)
 
+    def to(self, device: torch.device | str) -> "Batch":
+        """A copy whose tensors (extras included) are on ``device``; metadata is shared."""
+        device = torch.device(device)
+        changes: dict[str, Any] = {n: t.to(device) for n, t in self.tensors().items()}
+        changes["extras"] = {k: t.to(device) for k, t in self.extras.items()}
+        return self.replace(**changes)
+
     def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
         """The samples at ``index``, in that order."""
         idx = torch.as_tensor(index, dtype=torch.long)
