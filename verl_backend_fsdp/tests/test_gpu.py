@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from fsdp_test_utils import full_length_batch as _batch
+from fsdp_test_utils import plain_pytorch_steps
+from fsdp_test_utils import token_mean_loss as _loss
 from verl_core.testing import make_batch, tiny_model_dir
 
 pytestmark = [pytest.mark.gpu,
@@ -34,19 +37,6 @@ def model_dir(tmp_path_factory):
     return str(tiny_model_dir(tmp_path_factory.mktemp("m")))
 
 
-def _batch(step):
-    b = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, group_size=4,
-                   tool_tokens=False, advantages=True, seed=step)
-    full = torch.ones_like(b.response_mask)
-    return b.replace(response_mask=full, response_attention_mask=full, prompt_mask=torch.ones_like(b.prompt_mask))
-
-
-def _loss(*, batch, log_probs, entropy=None, values=None):
-    adv, mask = batch.advantages.to(log_probs.device), batch.response_mask.to(log_probs.device)
-    loss = -(log_probs * adv * mask).sum() / mask.sum()
-    return loss, {"loss": float(loss.detach())}
-
-
 def _worker(model_dir, **cfg):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
 
@@ -60,28 +50,10 @@ def _train(worker):
     return {k: v.float().cpu() for k, v in worker.iter_weights()}
 
 
-def _plain(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    for step in range(STEPS):
-        batch = _batch(step)
-        opt.zero_grad(set_to_none=True)
-        for micro in batch.split(MICRO):
-            R = micro.response_ids.shape[1]
-            logits = model(input_ids=micro.input_ids.cuda(), use_cache=False, logits_to_keep=R + 1).logits[:, :-1]
-            lp = torch.log_softmax(logits.float(), -1).gather(-1, micro.response_ids.cuda().unsqueeze(-1)).squeeze(-1)
-            loss, _ = _loss(batch=micro, log_probs=lp)
-            (loss * (len(micro) / len(batch))).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-
-
 @pytest.fixture(scope="module")
 def plain(model_dir):
-    return _plain(model_dir)
+    model = plain_pytorch_steps(model_dir, steps=STEPS, micro=MICRO, lr=LR, device="cuda")
+    return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
 
 
 def _max_diff(a, b):

@@ -11,24 +11,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from fsdp_test_utils import full_length_batch as _batch  # same tokens on every rank: one shared objective
+from fsdp_test_utils import token_mean_loss as _loss
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
-from verl_core.testing import make_batch, tiny_model_dir
+from verl_core.testing import tiny_model_dir
 
 STEPS = 3
-
-
-def _batch(step: int):
-    # Full-length responses: every rank holds the same number of tokens, so the mean of per-rank
-    # token-means equals the global token-mean and the two runs optimise the same objective.
-    b = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, group_size=4,
-                   tool_tokens=False, advantages=True, seed=step)
-    full = torch.ones_like(b.response_mask)
-    return b.replace(response_mask=full, response_attention_mask=full, prompt_mask=torch.ones_like(b.prompt_mask))
-
-
-def _loss(*, batch, log_probs, entropy=None, values=None):
-    loss = -(log_probs * batch.advantages * batch.response_mask).sum() / batch.response_mask.sum()
-    return loss, {"loss": float(loss.detach())}
 
 
 def _train(rank: int, world_size: int, model_dir: str, port: int, out_dir: str) -> None:

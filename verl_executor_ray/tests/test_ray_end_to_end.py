@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ray_test_utils import alive, cmdline, descendants, wait_for
+from ray_test_utils import alive, cmdline, descendants, ray_cluster, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -117,28 +117,9 @@ def test_ctrl_c_shuts_ray_and_every_worker_down(start_verl, tmp_path):
 
 def test_joins_a_running_cluster_and_leaves_it_running(start_verl, tmp_path):
     """`executor.address` joins a cluster started with `ray start`; the run kills its workers, not the cluster."""
-    import shutil
-    import socket
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # Token authentication is a deployment matter; a private test cluster runs without it.
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    ray_cli = str(Path(sys.executable).with_name("ray"))
-    # A private temp dir (short: Ray's socket paths must fit 107 bytes) keeps `ray start` from
-    # recording itself as this machine's current cluster, which a plain ray.init() would then join.
-    temp_dir = tempfile.mkdtemp(prefix="vray", dir="/tmp")
-    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                             "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with ray_cluster(head_cpus=2) as (address, head):
         out = tmp_path / "run"
-        proc, log, seen = run_and_watch(start_verl, *GRPO, "executor.world_size=2", f"executor.address='127.0.0.1:{port}'",
+        proc, log, seen = run_and_watch(start_verl, *GRPO, "executor.world_size=2", f"executor.address='{address}'",
                                         "--max-steps", "1", "--output-dir", str(out), *SMALL,
                                         env={"RAY_AUTH_MODE": "disabled"})
         assert proc.returncode == 0, log[-3000:]
@@ -147,11 +128,3 @@ def test_joins_a_running_cluster_and_leaves_it_running(start_verl, tmp_path):
         # The workers ran under the cluster's raylet, not under the run, and are gone with the run.
         assert not [p for p, cmd in seen.items() if "WorkerHost" in cmd]
         assert wait_for(lambda: not [p for p in descendants(head.pid) if "WorkerHost" in cmdline(p)], 15)
-    finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        shutil.rmtree(temp_dir, ignore_errors=True)

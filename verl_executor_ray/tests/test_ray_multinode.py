@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
+from ray_test_utils import RAY_ENV, ray_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -63,46 +59,15 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    ray_cli = str(Path(sys.executable).with_name("ray"))
-    return subprocess.Popen([ray_cli, "start", *args, "--num-cpus=1", "--disable-usage-stats", "--block"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def test_two_nodes_hold_one_rank_each_and_train_like_one_process(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    # A private temp dir (short: socket paths must fit 107 bytes) keeps this cluster from being
-    # recorded as the machine's current one.
-    temp_dir = tempfile.mkdtemp(prefix="vray", dir="/tmp")
-    address = f"127.0.0.1:{port}"
-    head = _start(["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}"], env)
-    worker = None
-    try:
-        # The second raylet joins the head as another machine would; one CPU each, so a placement
-        # that does not spread its bundles over both nodes cannot be satisfied at all.
-        worker = _start([f"--address={address}"], env)
+    # The second raylet joins the head as another machine would; one CPU each, so a placement that
+    # does not spread its bundles over both nodes cannot be satisfied at all.
+    with ray_cluster(head_cpus=1, worker_nodes=1) as (address, _):
+        env = {**os.environ, **RAY_ENV, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run([sys.executable, "-c", DRIVER, address, str(tmp_path / "model")], env=env,
                               capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-    finally:
-        for p in (worker, head):
-            if p is not None:
-                _stop(p)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ranks"] == [0, 1]
     assert len(set(result["nodes"])) == 2, result["nodes"]
     assert max(abs(a - b) for a, b in zip(result["one"], result["two"])) < 1e-5, result
