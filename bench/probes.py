@@ -1,0 +1,228 @@
+"""Small measurements behind figures quoted in bench/README.md and the issue notes, one subcommand each.
+
+    python bench/probes.py ray-call        # Ray actor call: empty vs carrying a 256-sample Batch shard
+    python bench/probes.py vllm-seeds      # vLLM rollout of the built-in task: per-request seeds vs none vs HF
+    python bench/probes.py accumulation    # FSDP update at one rank with and without the accumulation shortcut
+    python bench/probes.py memory-trace [--no-accumulate] [--trim]
+                                           # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
+
+Each prints its numbers; they are single runs on a shared 2-core machine, so read them as sizes, not
+as benchmarks with error bars. One torch thread throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def ray_call() -> None:
+    import ray
+
+    from verl_core.testing import make_batch
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+
+    @ray.remote(num_cpus=0.5)
+    class Host:
+        def empty(self):
+            return None, 0.0
+
+        def batch(self, b):
+            return torch.zeros(len(b), 4), 0.0
+
+        def plain(self, fields):
+            return torch.zeros(len(fields["prompt_ids"]), 4), 0.0
+
+    hosts = [Host.remote() for _ in range(2)]
+    ray.get([h.empty.remote() for h in hosts])
+    batch = make_batch(batch_size=512, prompt_length=14, response_length=4, vocab_size=16, group_size=8,
+                       advantages=True, seed=0)
+    halves = [batch.select(range(256)), batch.select(range(256, 512))]
+    plain = len(pickle.dumps({k: v for k, v in halves[0].__dict__.items()}))
+    print(f"256-sample shard: {len(pickle.dumps(halves[0]))} bytes pickled (plain int64 tensors: {plain})")
+
+    def call(method, args):
+        refs = [getattr(h, method).options(num_returns=2).remote(*a) for h, a in zip(hosts, args)]
+        ray.wait([s for _, s in refs], num_returns=len(refs), timeout=10)
+        ray.get([r for r, _ in refs])
+
+    # The same shard as a Batch (integer tensors narrowed when pickled) and as a dict of its int64 tensors,
+    # alternated so that machine noise hits both.
+    plain_args = [({k: v for k, v in h.__dict__.items()},) for h in halves]
+    results: dict[str, list[float]] = {}
+    for _ in range(5):
+        for name, method, args in (("empty call", "empty", [(), ()]), ("Batch shard", "batch", [(h,) for h in halves]),
+                                   ("same tensors as int64", "plain", plain_args)):
+            results.setdefault(name, []).append(_median_ms(lambda: call(method, args), 10))
+    for name, values in results.items():
+        print(f"{name}: {statistics.median(values):.2f} ms (median of 5 rounds x 10 calls)")
+    ray.shutdown()
+
+
+def vllm_seeds() -> None:
+    from transformers import AutoTokenizer
+
+    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset
+    from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
+
+    builtin = str(ensure_builtin_model())
+    tok = AutoTokenizer.from_pretrained(builtin)
+    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+               for r in make_dataset()[0][:64]]
+    engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.5, max_model_len=64), model=ModelSpec(path=builtin),
+                         tokenizer=tok)
+    hf = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=builtin), tokenizer=tok)
+    times: dict[str, list[float]] = {}
+    for rep in range(4):
+        for name in ("vllm, per-request seeds", "vllm, no seeds", "hf"):
+            sampling = SamplingParams(n=8, max_new_tokens=4, temperature=1.0, logprobs=True,
+                                      seed=None if name == "vllm, no seeds" else 1000 + rep)
+            if name.startswith("vllm"):
+                engine._llm.reset_prefix_cache()  # as after every weight sync in a run
+            start = time.perf_counter()
+            (hf if name == "hf" else engine).generate(prompts, sampling=sampling)
+            times.setdefault(name, []).append(time.perf_counter() - start)
+    for name, ts in times.items():
+        print(f"{name}: {statistics.median(ts[1:]):.3f} s per rollout of 64 prompts x 8 (median of 3 after warm-up)")
+    engine.close()
+
+
+def _accumulation_worker(model_dir: str):
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+
+    return FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=8)).create_worker(
+        role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1), seed=0)
+
+
+def accumulation() -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_backend_fsdp.backend import FSDPWorker
+    from verl_core.testing import make_batch
+
+    model_dir = tempfile.mkdtemp(prefix="probe-model-")
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=512, intermediate_size=1792, num_hidden_layers=6,
+                                 num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                                 tie_word_embeddings=True)).save_pretrained(model_dir)
+    batch = make_batch(batch_size=64, prompt_length=32, response_length=32, vocab_size=16, advantages=True, seed=0)
+
+    def loss(*, batch, log_probs, entropy=None, values=None):
+        return -(log_probs * batch.advantages * batch.response_mask).sum() / batch.response_mask.sum(), {}
+
+    worker = _accumulation_worker(model_dir)
+    shortcut = FSDPWorker._accumulating
+    times: dict[str, list[float]] = {}
+    for _ in range(3):
+        for name in ("with the shortcut", "without"):
+            worker._accumulating = (lambda more: shortcut(worker, more)) if name == "with the shortcut" else (
+                lambda more: None)
+            start = time.perf_counter()
+            worker.update_policy(batch, loss_fn=loss, mini_batch_size=0, epochs=1)
+            times.setdefault(name, []).append(time.perf_counter() - start)
+    for name, ts in times.items():
+        print(f"update of 64 x 64 tokens, 21M params, micro-batches of 8, {name}: median {statistics.median(ts):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in ts)})")
+
+
+def memory_trace(no_accumulate: bool, trim: bool) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import trl_comparison
+
+    import verl_backend_fsdp.backend as fsdp
+    import verl_core.dataflow as dataflow
+    import verl_core.trainer as trainer
+
+    def rss() -> str:
+        status = Path("/proc/self/status").read_text()
+        peak, now = (int(re.search(k + r":\s+(\d+)", status).group(1)) / 2**20 for k in ("VmHWM", "VmRSS"))
+        return f"peak {peak:.3f} GiB, now {now:.3f} GiB"
+
+    if no_accumulate:
+        fsdp.FSDPWorker._accumulating = lambda self, more: None
+    if trim:
+        import ctypes
+
+        libc, optimize = ctypes.CDLL("libc.so.6"), fsdp.FSDPWorker._optimize
+
+        def trimmed(self, *args, **kwargs):
+            out = optimize(self, *args, **kwargs)
+            libc.malloc_trim(0)
+            return out
+
+        fsdp.FSDPWorker._optimize = trimmed
+    timed = dataflow._timed
+
+    def traced(node, ctx):
+        task = timed(node, ctx)
+
+        def run():
+            result = task()
+            print(f"  after {node.name}: {rss()}", flush=True)
+            return result
+        return run
+
+    dataflow._timed = traced
+    setup = trainer.Trainer.setup
+
+    def traced_setup(self):
+        setup(self)
+        print(f"after setup: {rss()}", flush=True)
+
+    trainer.Trainer.setup = traced_setup
+    with tempfile.TemporaryDirectory() as work:
+        trl_comparison.build_workload(Path(work), 32)
+        trl_comparison.run_ours("vllm", Path(work), 4, 32, Path(work) / "out")
+    print(f"end: {rss()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="probe", required=True)
+    sub.add_parser("ray-call")
+    sub.add_parser("vllm-seeds")
+    sub.add_parser("accumulation")
+    trace = sub.add_parser("memory-trace")
+    trace.add_argument("--no-accumulate", action="store_true", help="disable the one-rank accumulation shortcut")
+    trace.add_argument("--trim", action="store_true", help="malloc_trim(0) after every update")
+    args = parser.parse_args()
+    if args.probe == "ray-call":
+        ray_call()
+    elif args.probe == "vllm-seeds":
+        vllm_seeds()
+    elif args.probe == "accumulation":
+        accumulation()
+    else:
+        memory_trace(args.no_accumulate, args.trim)
+
+
+if __name__ == "__main__":
+    main()
