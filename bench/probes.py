@@ -3,7 +3,7 @@
     python bench/probes.py ray-call        # Ray actor call: empty vs carrying a 256-sample Batch shard
     python bench/probes.py vllm-seeds      # vLLM rollout of the built-in task: per-request seeds vs none vs HF
     python bench/probes.py accumulation    # FSDP update at one rank with and without the accumulation shortcut
-    python bench/probes.py memory-trace [--no-accumulate] [--trim]
+    python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--no-trim]
                                            # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
 
 Each prints its numbers; they are single runs on a shared 2-core machine, so read them as sizes, not
@@ -115,15 +115,17 @@ def vllm_seeds() -> None:
     engine.close()
 
 
-def _accumulation_worker(model_dir: str):
+def _accumulation_worker(model_dir: str, shard_single_rank: bool):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import ModelSpec, Role, WorldInfo
 
-    return FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=8)).create_worker(
+    return FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=8, shard_single_rank=shard_single_rank)).create_worker(
         role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1), seed=0)
 
 
 def accumulation() -> None:
+    """One-rank update: the unwrapped module (default) vs FSDP-wrapped with and without the
+    accumulation shortcut (keep layers gathered and gradients local between micro-batches)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from verl_backend_fsdp.backend import FSDPWorker
@@ -138,12 +140,14 @@ def accumulation() -> None:
     def loss(*, batch, log_probs, entropy=None, values=None):
         return -(log_probs * batch.advantages * batch.response_mask).sum() / batch.response_mask.sum(), {}
 
-    worker = _accumulation_worker(model_dir)
+    unwrapped = _accumulation_worker(model_dir, False)
+    wrapped = _accumulation_worker(model_dir, True)
     shortcut = FSDPWorker._accumulating
     times: dict[str, list[float]] = {}
     for _ in range(3):
-        for name in ("with the shortcut", "without"):
-            worker._accumulating = (lambda more: shortcut(worker, more)) if name == "with the shortcut" else (
+        for name in ("unwrapped (default)", "FSDP-wrapped, with the shortcut", "FSDP-wrapped, without"):
+            worker = unwrapped if name.startswith("unwrapped") else wrapped
+            wrapped._accumulating = (lambda more: shortcut(wrapped, more)) if name.endswith("shortcut") else (
                 lambda more: None)
             start = time.perf_counter()
             worker.update_policy(batch, loss_fn=loss, mini_batch_size=0, epochs=1)
@@ -153,7 +157,7 @@ def accumulation() -> None:
               f"({', '.join(f'{t:.2f}' for t in ts)})")
 
 
-def memory_trace(no_accumulate: bool, trim: bool) -> None:
+def memory_trace(shard_single_rank: bool, no_accumulate: bool, no_trim: bool) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import trl_comparison
 
@@ -168,17 +172,8 @@ def memory_trace(no_accumulate: bool, trim: bool) -> None:
 
     if no_accumulate:
         fsdp.FSDPWorker._accumulating = lambda self, more: None
-    if trim:
-        import ctypes
-
-        libc, optimize = ctypes.CDLL("libc.so.6"), fsdp.FSDPWorker._optimize
-
-        def trimmed(self, *args, **kwargs):
-            out = optimize(self, *args, **kwargs)
-            libc.malloc_trim(0)
-            return out
-
-        fsdp.FSDPWorker._optimize = trimmed
+    if no_trim:
+        fsdp._release_host_memory = lambda: None
     timed = dataflow._timed
 
     def traced(node, ctx):
@@ -200,7 +195,8 @@ def memory_trace(no_accumulate: bool, trim: bool) -> None:
     trainer.Trainer.setup = traced_setup
     with tempfile.TemporaryDirectory() as work:
         trl_comparison.build_workload(Path(work), 32)
-        trl_comparison.run_ours("vllm", Path(work), 4, 32, Path(work) / "out")
+        trl_comparison.run_ours("vllm", Path(work), 4, 32, Path(work) / "out",
+                                ("backend.shard_single_rank=true",) if shard_single_rank else ())
     print(f"end: {rss()}")
 
 
@@ -211,8 +207,10 @@ def main() -> None:
     sub.add_parser("vllm-seeds")
     sub.add_parser("accumulation")
     trace = sub.add_parser("memory-trace")
-    trace.add_argument("--no-accumulate", action="store_true", help="disable the one-rank accumulation shortcut")
-    trace.add_argument("--trim", action="store_true", help="malloc_trim(0) after every update")
+    trace.add_argument("--shard-single-rank", action="store_true", help="wrap the one-rank actor with FSDP")
+    trace.add_argument("--no-accumulate", action="store_true",
+                       help="with --shard-single-rank: disable the one-rank accumulation shortcut")
+    trace.add_argument("--no-trim", action="store_true", help="no malloc_trim(0) after updates")
     args = parser.parse_args()
     if args.probe == "ray-call":
         ray_call()
@@ -221,7 +219,7 @@ def main() -> None:
     elif args.probe == "accumulation":
         accumulation()
     else:
-        memory_trace(args.no_accumulate, args.trim)
+        memory_trace(args.shard_single_rank, args.no_accumulate, args.no_trim)
 
 
 if __name__ == "__main__":

@@ -174,7 +174,8 @@ def load_rows(directory: Path) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- configurations (children)
-def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir: Path) -> list[dict]:
+def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir: Path,
+             extra_overrides: tuple[str, ...] = ()) -> list[dict]:
     """Ours through the public Python API (the objects ``verl run`` uses), one step at a time."""
     from verl_core.trainer import Trainer
 
@@ -200,7 +201,7 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
     if rollout == "vllm":
         overrides += [f"rollout.kv_cache_gb={KV_CACHE_GB}", "rollout.dtype=\"float32\"",
                       f"rollout.max_model_len={PROMPT_TOKENS + max_new_tokens}"]
-    trainer = Trainer.from_config(overrides=overrides)
+    trainer = Trainer.from_config(overrides=overrides + list(extra_overrides))
     trainer.setup()
     records = []
     last = time.perf_counter()

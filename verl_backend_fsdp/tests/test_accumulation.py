@@ -1,9 +1,10 @@
 """Gradient accumulation over micro-batches at world size 1 trains exactly like plain PyTorch.
 
-At one rank the update keeps parameters gathered and gradients local between micro-batches (FSDP's
-per-micro-batch gather and reduce are whole-model copies there). These tests pin what that must not
-change: the weights after several steps, the log-probs the next forward computes (no stale gathered
-copy survives an optimizer step), and the weights a rollout engine receives.
+At one rank the module trains unwrapped by default; with ``shard_single_rank`` it is wrapped and the
+update keeps parameters gathered and gradients local between micro-batches (FSDP's per-micro-batch
+gather and reduce are whole-model copies there). These tests pin what neither may change: the
+weights after several steps, the log-probs the next forward computes (no stale gathered copy
+survives an optimizer step), and the weights a rollout engine receives.
 """
 
 import pytest
@@ -25,12 +26,17 @@ def model_dir(tmp_path_factory):
     return str(tiny_model_dir(tmp_path_factory.mktemp("m")))
 
 
-def test_micro_batched_updates_match_plain_pytorch(model_dir):
+@pytest.mark.parametrize("shard_single_rank", [False, True], ids=["unwrapped", "fsdp-wrapped"])
+def test_micro_batched_updates_match_plain_pytorch(model_dir, shard_single_rank):
+    from torch.distributed.fsdp import FSDPModule
+
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
 
     torch.set_num_threads(1)
-    worker = FSDPBackend(FSDPConfig(lr=LR, micro_batch_size=MICRO, grad_clip=1.0)).create_worker(
+    worker = FSDPBackend(FSDPConfig(lr=LR, micro_batch_size=MICRO, grad_clip=1.0,
+                                    shard_single_rank=shard_single_rank)).create_worker(
         role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1), seed=0)
+    assert isinstance(worker.module, FSDPModule) is shard_single_rank
     for step in range(STEPS):
         worker.update_policy(_batch(step), loss_fn=_loss, mini_batch_size=0, epochs=1)
     reference = plain_pytorch_steps(model_dir, steps=STEPS, micro=MICRO, lr=LR)

@@ -61,8 +61,9 @@ def _max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def test_cuda_updates_match_plain_pytorch(model_dir, plain):
-    assert _max_diff(_train(_worker(model_dir)), plain) < 1e-5
+@pytest.mark.parametrize("shard_single_rank", [True, False], ids=["fsdp-wrapped", "unwrapped"])
+def test_cuda_updates_match_plain_pytorch(model_dir, plain, shard_single_rank):
+    assert _max_diff(_train(_worker(model_dir, shard_single_rank=shard_single_rank)), plain) < 1e-5
 
 
 def test_cpu_offload_keeps_state_on_the_host_and_trains_the_same(model_dir, plain):
