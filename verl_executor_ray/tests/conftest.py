@@ -1,4 +1,7 @@
-"""Fixtures for the Ray executor's tests: one verl cache per session, the CLI runner, a Ray session."""
+"""Fixtures for the Ray executor's tests: the CLI started in the background, a Ray session.
+
+The verl cache and the `run_verl` CLI runner come from the repository's root conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session", autouse=True)
-def verl_cache(tmp_path_factory):
-    """One cache for the whole session: the built-in model is built (and warm-started) once.
-
-    Set VERL_TEST_CACHE_DIR to reuse a cache across sessions while developing.
-    """
-    cache = os.environ.get("VERL_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("verl-cache"))
-    old = os.environ.get("VERL_CACHE_DIR")
-    os.environ["VERL_CACHE_DIR"] = cache
-    yield Path(cache)
-    if old is None:
-        os.environ.pop("VERL_CACHE_DIR", None)
-    else:
-        os.environ["VERL_CACHE_DIR"] = old
-
-
-@pytest.fixture
-def run_verl():
-    """Run the real `verl` CLI in a subprocess; returns the CompletedProcess."""
-
-    def run(*args, env=None, timeout=600):
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        return subprocess.run([sys.executable, "-m", "verl_core.cli", *args], capture_output=True, text=True,
-                              env=full_env, timeout=timeout)
-
-    return run
 
 
 @pytest.fixture
