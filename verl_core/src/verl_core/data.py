@@ -1,8 +1,8 @@
 """Prompt data: loading rows, rendering prompts to token ids, and a resumable sampling order.
 
-Rows are read with the ``datasets`` library from a parquet / jsonl / json file, a local Hugging Face
-dataset directory (``save_to_disk`` output, or a folder of data files such as a cloned Hub repository),
-or a Hub dataset id where a network exists. Two shapes are understood:
+Rows are read from a parquet / jsonl / json file (with ``pyarrow`` / the ``json`` module), or with
+the ``datasets`` library from a local Hugging Face dataset directory (``save_to_disk`` output, or a
+folder of data files such as a cloned Hub repository) or a Hub dataset id where a network exists. Two shapes are understood:
 
 * the verl format, as is: ``data_source``, ``prompt`` (a chat message list), ``ability``,
   ``reward_model`` (``{"style": "rule", "ground_truth": ...}``) and ``extra_info``;
@@ -60,43 +60,80 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0) -> list[dict[st
 
         train, test = make_dataset(seed=0)
         return train if split == "train" else test
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return _read_file(path, spec)
+    if not path.is_dir() and not _HUB_ID.match(spec):
+        raise DataError(f"data file {spec!r} does not exist (use a parquet/jsonl/json file, a dataset "
+                        f"directory, a Hugging Face Hub id, or builtin:addition)")
     from datasets.utils import logging as ds_logging
 
     # "Generating train split" bars for every small file are noise in a training log.
     bars = ds_logging.is_progress_bar_enabled()
     ds_logging.disable_progress_bar()
     try:
-        return _load(spec, split)
+        return _load_with_datasets(path, spec, split)
     finally:
         if bars:
             ds_logging.enable_progress_bar()
 
 
-def _load(spec: str, split: str) -> list[dict[str, Any]]:
-    import datasets
+def _read_file(path: Path, spec: str) -> list[dict[str, Any]]:
+    """One parquet / jsonl / json file, read without the ``datasets`` library.
 
-    path = Path(spec).expanduser()
+    A file is read whole into dicts anyway, and importing ``datasets`` (with ``pyarrow``) would add
+    ~80 MB to every training process that only reads a jsonl file; parquet needs ``pyarrow`` alone.
+    Like a table, every row gets every column: a key missing from some rows is ``None`` there.
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise DataError(f"{spec}: cannot read it as parquet: {type(exc).__name__}: {exc}") from exc
+    if suffix not in (".jsonl", ".json"):
+        raise DataError(f"{spec}: unsupported file type {suffix!r}; use .parquet, .jsonl or .json")
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    rows: Any = None
+    if suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{spec}: not valid JSON ({exc}); a .json file holds a list of row objects or one "
+                            f"object per line") from exc
+    else:  # JSON lines (a .json file may hold them too)
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{spec}: line {number} is not valid JSON ({exc}); each line holds one row "
+                                    f"object") from exc
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None) if isinstance(rows, list) else 0
+    if bad is not None:
+        raise DataError(f"{spec}: row {bad + 1} is not a JSON object; every row must be one, e.g. "
+                        f'{{"prompt": ..., "answer": ...}}')
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in columns} for r in rows]
+
+
+def _load_with_datasets(path: Path, spec: str, split: str) -> list[dict[str, Any]]:
     if path.is_dir():
         ds = _load_directory(path, split, spec)
-    elif path.is_file():
-        suffix = path.suffix.lower()
-        fmt = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(suffix)
-        if fmt is None:
-            raise DataError(f"{spec}: unsupported file type {suffix!r}; use .parquet, .jsonl or .json")
-        try:
-            ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
-        except Exception as exc:  # noqa: BLE001 - datasets raises many types for a malformed file
-            raise DataError(f"{spec}: cannot read it as {fmt}: {type(exc).__name__}: {exc}") from exc
-    elif _HUB_ID.match(spec):
+    else:
+        import datasets
+
         try:
             ds = datasets.load_dataset(spec, split=split)
         except Exception as exc:  # noqa: BLE001 - offline, unknown id, missing split, ...
             raise DataError(f"{spec!r} is not a local file or directory, and loading it from the Hugging Face Hub "
                             f"(split {split!r}) failed: {type(exc).__name__}: {exc}. Without a network, download "
                             f"the files elsewhere and point data.train / data.val at them") from exc
-    else:
-        raise DataError(f"data file {spec!r} does not exist (use a parquet/jsonl/json file, a dataset "
-                        f"directory, a Hugging Face Hub id, or builtin:addition)")
     return [dict(r) for r in ds]
 
 
