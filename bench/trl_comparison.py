@@ -669,7 +669,7 @@ def report(state: dict, results_path: Path) -> None:
         lines += ["", "Configurations that failed:", ""]
         for name, m in failed.items():
             lines.append(f"- **{name}**: {'; '.join(e.splitlines()[0][:600] for e in m['errors'])}")
-    lines += ["", f"Raw data: `{results_path.name}`; plot: `{results_path.with_suffix(".png").name}`."]
+    lines += ["", f"Raw data: `{results_path.name}`; plot: `{results_path.with_suffix('.png').name}`."]
     md = results_path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
