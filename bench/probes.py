@@ -2,7 +2,9 @@
 
     python bench/probes.py ray-call        # Ray actor call: empty vs carrying a 256-sample Batch shard
     python bench/probes.py vllm-seeds      # vLLM rollout of the built-in task: per-request seeds vs none vs HF
-    python bench/probes.py accumulation    # FSDP update at one rank with and without the accumulation shortcut
+    python bench/probes.py accumulation    # FSDP update at one rank: unwrapped vs wrapped, with and without the shortcut
+    python bench/probes.py vllm-settings   # the built-in rollout on vLLM with other scheduler settings vs HF
+    python bench/probes.py hf-generate     # the TRL bench's generation: verl's HF rollout vs model.generate
     python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--no-trim]
                                            # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
 
@@ -20,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -115,6 +118,55 @@ def vllm_seeds() -> None:
     engine.close()
 
 
+def vllm_settings() -> None:
+    """The built-in rollout (64 prompts x 8, 4 new tokens) on vLLM engines with other scheduler
+    settings, next to the HF rollout: does any vLLM setting beat HF on the 0.5M built-in model?"""
+    from transformers import AutoTokenizer
+
+    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset
+    from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
+
+    builtin = str(ensure_builtin_model())
+    tok = AutoTokenizer.from_pretrained(builtin)
+    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+               for r in make_dataset()[0][:64]]
+    base = dict(kv_cache_gb=0.5, max_model_len=64)
+    settings = {
+        "vllm defaults (max_num_seqs 256, 4096 batched tokens)": VLLMRolloutConfig(**base),
+        "vllm, all 512 sequences in one batch (max_num_seqs 512, 16384 batched tokens)": VLLMRolloutConfig(
+            **base, max_num_seqs=512, engine_kwargs={"max_num_batched_tokens": 16384}),
+        "vllm, engine core in a child process (multiprocessing)": VLLMRolloutConfig(**base, multiprocessing=True),
+    }
+    engines: dict[str, Any] = {name: VLLMRollout(config=cfg, model=ModelSpec(path=builtin), tokenizer=tok)
+                               for name, cfg in settings.items()}
+    steps: dict[str, int] = {}
+    for name, engine in engines.items():
+        core = engine._llm.llm_engine
+        if hasattr(core, "step"):
+            def counted(step=core.step, name=name):
+                steps[name] = steps.get(name, 0) + 1
+                return step()
+            core.step = counted
+    engines["hf"] = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=builtin), tokenizer=tok)
+    times: dict[str, list[float]] = {}
+    for rep in range(6):
+        for name, engine in engines.items():
+            if name != "hf":
+                engine._llm.reset_prefix_cache()  # as after every weight sync in a run
+            sampling = SamplingParams(n=8, max_new_tokens=4, temperature=1.0, logprobs=True, seed=1000 + rep)
+            start = time.perf_counter()
+            engine.generate(prompts, sampling=sampling)
+            times.setdefault(name, []).append(time.perf_counter() - start)
+    for name, ts in times.items():
+        per = f", {steps[name] / len(ts):.0f} engine steps per rollout" if name in steps else ""
+        print(f"{name}: median {statistics.median(ts[1:]):.3f} s per rollout (after a warm-up){per}")
+    for name, engine in engines.items():
+        if name != "hf":
+            engine.close()
+
+
 def _accumulation_worker(model_dir: str, shard_single_rank: bool):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import ModelSpec, Role, WorldInfo
@@ -200,12 +252,66 @@ def memory_trace(shard_single_rank: bool, no_accumulate: bool, no_trim: bool) ->
     print(f"end: {rss()}")
 
 
+def hf_generate() -> None:
+    """The TRL bench's generation (16 prompts x 8, 32 tokens, 21M model): verl's HF rollout on an
+    FSDP actor's module vs ``model.generate`` called directly as the raw floor does, alternated."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import torch
+    import trl_comparison as T
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+    from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        T.build_workload(work, 32)
+        tok = AutoTokenizer.from_pretrained(work / "model")
+        rows = T.load_rows(work)[:T.PROMPTS_PER_STEP]
+        prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+                   for r in rows]
+        actor = FSDPBackend(FSDPConfig()).create_worker(role=Role.ACTOR, model=ModelSpec(path=str(work / "model")),
+                                                        world=WorldInfo(threads=1), seed=0)
+        engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=str(work / "model")), tokenizer=tok,
+                           actor=actor)
+        plain = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32).eval()
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+        ids = torch.tensor(prompts)
+
+        def floor(seed: int) -> None:
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                plain.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                               top_p=1.0, top_k=0, max_new_tokens=32, num_return_sequences=T.GROUP_SIZE,
+                               eos_token_id=[eos], pad_token_id=pad)
+
+        def ours(seed: int, logprobs: bool) -> None:
+            engine.generate(prompts, sampling=SamplingParams(n=T.GROUP_SIZE, max_new_tokens=32, temperature=1.0,
+                                                             logprobs=logprobs, seed=seed))
+
+        runs = {"model.generate (floor)": lambda s: floor(s), "verl HF rollout, log-probs": lambda s: ours(s, True),
+                "verl HF rollout, no log-probs": lambda s: ours(s, False)}
+        times: dict[str, list[float]] = {}
+        for rep in range(4):
+            for name, fn in runs.items():
+                start = time.perf_counter()
+                fn(100 + rep)
+                times.setdefault(name, []).append(time.perf_counter() - start)
+        for name, ts in times.items():
+            print(f"{name}: median {statistics.median(ts[1:]):.3f} s ({', '.join(f'{t:.3f}' for t in ts)}; first is "
+                  f"warm-up)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="probe", required=True)
     sub.add_parser("ray-call")
     sub.add_parser("vllm-seeds")
     sub.add_parser("accumulation")
+    sub.add_parser("hf-generate")
+    sub.add_parser("vllm-settings")
     trace = sub.add_parser("memory-trace")
     trace.add_argument("--shard-single-rank", action="store_true", help="wrap the one-rank actor with FSDP")
     trace.add_argument("--no-accumulate", action="store_true",
@@ -218,6 +324,10 @@ def main() -> None:
         vllm_seeds()
     elif args.probe == "accumulation":
         accumulation()
+    elif args.probe == "hf-generate":
+        hf_generate()
+    elif args.probe == "vllm-settings":
+        vllm_settings()
     else:
         memory_trace(args.shard_single_rank, args.no_accumulate, args.no_trim)
 

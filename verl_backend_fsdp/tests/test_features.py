@@ -199,7 +199,10 @@ def test_chunked_lm_head_gives_the_same_log_probs_and_gradients(model_dir):
     chunked.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
     handle.remove()
     scored = int(mask.sum())
-    assert max(seen) <= 3 and sum(seen) == 2 * scored  # every position twice: forward, then recompute
+    # Every position in forward; all but the last chunk again in backward's recompute (backward
+    # reaches the last chunk first, so keeping it costs no extra peak).
+    last = scored % 3 or 3
+    assert max(seen) <= 3 and sum(seen) == 2 * scored - last
     w, _ = _updated(model_dir, batch, logits_chunk_size=4096)
     c, _ = _updated(model_dir, batch, logits_chunk_size=3)
     assert (w.compute_log_probs(batch).log_probs[mask] - c.compute_log_probs(batch).log_probs[mask]).abs().max() < 1e-5

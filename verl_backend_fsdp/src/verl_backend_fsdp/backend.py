@@ -723,9 +723,9 @@ def _token_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, position_
     """Log-probs of ``targets`` read from the hidden states at ``(rows, cols)``, flat ``[N]``.
 
     Bound to the root module and registered as an FSDP forward method. The LM head runs over
-    ``chunk`` scored positions at a time and, when gradients are needed, each chunk is
+    ``chunk`` scored positions at a time and, when gradients are needed, each chunk but the last is
     recomputed in backward instead of kept: the float32 ``[positions, vocab]`` logits never
-    exist for the whole response, forward or backward.
+    exist for more than one chunk, forward or backward.
     """
     hidden = module.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                   use_cache=False).last_hidden_state
@@ -739,9 +739,13 @@ def _token_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, position_
         return lp, ent
 
     lps, ents = [], []
-    for s in range(0, max(1, scored.shape[0]), chunk):
+    total = scored.shape[0]
+    for s in range(0, max(1, total), chunk):
         h, t = scored[s:s + chunk], targets[s:s + chunk]
-        if torch.is_grad_enabled() and h.requires_grad and h.shape[0]:
+        # The last chunk is not recomputed: backward reaches it first, so keeping its activations
+        # adds nothing to the peak that its recompute would not (a chunk's logits plus their
+        # gradient), and a response that fits one chunk pays no second pass through the head.
+        if torch.is_grad_enabled() and h.requires_grad and h.shape[0] and s + chunk < total:
             lp, ent = torch.utils.checkpoint.checkpoint(score, h, t, use_reentrant=False)
         else:
             lp, ent = score(h, t)
