@@ -228,3 +228,19 @@ def test_bf16_compute_keeps_fp32_master_weights(model_dir):
         return float((lp * batch.advantages * batch.response_mask).sum())
 
     assert objective(lp16) > objective(initial) and objective(lp32) > objective(initial)
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_host_memory_is_handed_back_after_updates_unless_turned_off(model_dir, monkeypatch, release):
+    import verl_backend_fsdp.backend as fsdp
+
+    calls: list[int] = []
+    monkeypatch.setattr(fsdp, "_release_host_memory", lambda: calls.append(1))
+    worker = _worker(model_dir, release_host_memory=release)
+    batch = make_batch(batch_size=4, prompt_length=5, response_length=6, vocab_size=16, advantages=True, seed=4)
+    worker.compute_log_probs(batch)
+    assert calls == []  # only after updates, where the freed memory is large
+    for _ in range(2):
+        worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    assert len(calls) == (2 if release else 0)
+
