@@ -88,9 +88,10 @@ class FSDPConfig(BackendConfig):
         release_host_memory: on CPU, hand the update's freed memory back to the OS after every
             update (``malloc_trim``; glibc otherwise keeps it for reuse). Lowers the process's
             resident memory between updates and its peak when a rollout engine shares the process
-            (TRL bench, ours-vllm: RSS after an update 2.27 vs 2.87 GiB with the unwrapped module);
-            costs the page faults of touching that memory again (about 80k per update of the 32M
-            model in ``bench/fsdp_step.py``, ~0.2 s there). Turn off when time matters more than RSS.
+            (TRL bench, ours-vllm: RSS after an update 2.27 vs 2.87 GiB with the unwrapped module).
+            The memory is touched again by the next update (70-95k page faults per update of the
+            32M model in ``bench/fsdp_step.py`` vs ~0 without); a time cost of that was not
+            consistent in measurements here (see bench/README.md), so this stays on.
         remove_padding: run actor and reference forwards on packed sequences (one row of only real
             tokens, position ids restarting per sequence) instead of a padded ``[batch, length]``
             block. ``"auto"`` packs when the model uses a variable-length attention kernel
