@@ -2,7 +2,8 @@
 
 Rows are read from a parquet / jsonl / json file (with ``pyarrow`` / the ``json`` module), or with
 the ``datasets`` library from a local Hugging Face dataset directory (``save_to_disk`` output, or a
-folder of data files such as a cloned Hub repository) or a Hub dataset id where a network exists. Two shapes are understood:
+folder of data files such as a cloned Hub repository) or a Hub dataset id where a network exists.
+Two shapes are understood:
 
 * the verl format, as is: ``data_source``, ``prompt`` (a chat message list), ``ability``,
   ``reward_model`` (``{"style": "rule", "ground_truth": ...}``) and ``extra_info``;
@@ -98,7 +99,6 @@ def _read_file(path: Path, spec: str) -> list[dict[str, Any]]:
     import json
 
     text = path.read_text(encoding="utf-8")
-    rows: Any = None
     if suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -114,7 +114,7 @@ def _read_file(path: Path, spec: str) -> list[dict[str, Any]]:
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{spec}: line {number} is not valid JSON ({exc}); each line holds one row "
                                     f"object") from exc
-    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None) if isinstance(rows, list) else 0
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
     if bad is not None:
         raise DataError(f"{spec}: row {bad + 1} is not a JSON object; every row must be one, e.g. "
                         f'{{"prompt": ..., "answer": ...}}')
