@@ -4,6 +4,7 @@
     python bench/probes.py vllm-seeds      # vLLM rollout of the built-in task: per-request seeds vs none vs HF
     python bench/probes.py accumulation    # FSDP update at one rank: unwrapped vs wrapped, with and without the shortcut
     python bench/probes.py vllm-settings   # the built-in rollout on vLLM with other scheduler settings vs HF
+    python bench/probes.py page-faults     # one-rank update: page faults and time with and without malloc_trim
     python bench/probes.py hf-generate     # the TRL bench's generation: verl's HF rollout vs model.generate
     python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--no-trim]
                                            # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
@@ -167,6 +168,36 @@ def vllm_settings() -> None:
             engine.close()
 
 
+def page_faults() -> None:
+    """Minor page faults and time per update of bench/fsdp_step.py's 32M model, each setting in a
+    fresh process: with the after-update malloc_trim (the default) and without it."""
+    import subprocess
+
+    model_dir = tempfile.mkdtemp(prefix="probe-model-")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fsdp_step
+
+    fsdp_step.build_model_dir(Path(model_dir))
+    child = (
+        "import resource, sys, time, torch; sys.path.insert(0, {bench!r}); import fsdp_step as F\n"
+        "from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig\n"
+        "from verl_core.interfaces import ModelSpec, Role, WorldInfo\n"
+        "torch.set_num_threads(1)\n"
+        "w = FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=F.BATCH, release_host_memory={release})).create_worker(\n"
+        "    role=Role.ACTOR, model=ModelSpec(path={model!r}), world=WorldInfo(threads=1), seed=0)\n"
+        "batch, out = F.make_batch(), []\n"
+        "for _ in range(6):\n"
+        "    f, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()\n"
+        "    w.update_policy(batch, loss_fn=F.loss_fn, mini_batch_size=0, epochs=1)\n"
+        "    out.append(f'{{time.perf_counter() - t:.2f}} s / {{resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f}}')\n"
+        "print(', '.join(out))\n")
+    for release in (True, False):
+        code = child.format(bench=str(Path(__file__).parent), release=release, model=model_dir)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        print(f"release_host_memory={release}: per update (time / minor faults): {out.stdout.strip()}")
+
+
 def _accumulation_worker(model_dir: str, shard_single_rank: bool):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import ModelSpec, Role, WorldInfo
@@ -312,6 +343,7 @@ def main() -> None:
     sub.add_parser("accumulation")
     sub.add_parser("hf-generate")
     sub.add_parser("vllm-settings")
+    sub.add_parser("page-faults")
     trace = sub.add_parser("memory-trace")
     trace.add_argument("--shard-single-rank", action="store_true", help="wrap the one-rank actor with FSDP")
     trace.add_argument("--no-accumulate", action="store_true",
@@ -328,6 +360,8 @@ def main() -> None:
         hf_generate()
     elif args.probe == "vllm-settings":
         vllm_settings()
+    elif args.probe == "page-faults":
+        page_faults()
     else:
         memory_trace(args.shard_single_rank, args.no_accumulate, args.no_trim)
 
