@@ -5,6 +5,7 @@
     python bench/probes.py accumulation    # FSDP update at one rank: unwrapped vs wrapped, with and without the shortcut
     python bench/probes.py vllm-settings   # the built-in rollout on vLLM with other scheduler settings vs HF
     python bench/probes.py page-faults     # one-rank update: page faults and time with and without malloc_trim
+    python bench/probes.py import-rss      # resident memory added by importing pyarrow and datasets
     python bench/probes.py hf-generate     # the TRL bench's generation: verl's HF rollout vs model.generate
     python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--no-trim]
                                            # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
@@ -198,6 +199,24 @@ def page_faults() -> None:
         print(f"release_host_memory={release}: per update (time / minor faults): {out.stdout.strip()}")
 
 
+def import_rss() -> None:
+    """Resident memory that importing pyarrow and datasets adds to a process that already holds
+    torch, transformers and vLLM (what reading a jsonl file through datasets.load_dataset cost)."""
+    import importlib
+
+    def rss_mb() -> float:
+        return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+    for name in ("torch", "transformers", "vllm"):
+        importlib.import_module(name)
+    before = rss_mb()
+    importlib.import_module("pyarrow.parquet")
+    mid = rss_mb()
+    importlib.import_module("datasets")
+    print(f"after torch/transformers/vllm: {before:.0f} MB; + pyarrow {mid - before:+.0f} MB; "
+          f"+ datasets {rss_mb() - mid:+.0f} MB")
+
+
 def _accumulation_worker(model_dir: str, shard_single_rank: bool):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import ModelSpec, Role, WorldInfo
@@ -344,6 +363,7 @@ def main() -> None:
     sub.add_parser("hf-generate")
     sub.add_parser("vllm-settings")
     sub.add_parser("page-faults")
+    sub.add_parser("import-rss")
     trace = sub.add_parser("memory-trace")
     trace.add_argument("--shard-single-rank", action="store_true", help="wrap the one-rank actor with FSDP")
     trace.add_argument("--no-accumulate", action="store_true",
@@ -362,6 +382,8 @@ def main() -> None:
         vllm_settings()
     elif args.probe == "page-faults":
         page_faults()
+    elif args.probe == "import-rss":
+        import_rss()
     else:
         memory_trace(args.shard_single_rank, args.no_accumulate, args.no_trim)
 
