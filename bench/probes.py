@@ -37,6 +37,11 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+def _status_kib(key: str) -> int:
+    """A memory line of /proc/self/status (VmRSS, VmHWM, ...) in KiB."""
+    return int(re.search(key + r":\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
 def _median_ms(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -90,18 +95,25 @@ def ray_call() -> None:
     ray.shutdown()
 
 
-def vllm_seeds() -> None:
+def _builtin_rollout_inputs() -> tuple[str, Any, list[list[int]]]:
+    """The built-in model's directory, its tokenizer and the first 64 training prompts as token ids."""
     from transformers import AutoTokenizer
 
-    from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset
-    from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     builtin = str(ensure_builtin_model())
     tok = AutoTokenizer.from_pretrained(builtin)
     prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
                for r in make_dataset()[0][:64]]
+    return builtin, tok, prompts
+
+
+def vllm_seeds() -> None:
+    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
+
+    builtin, tok, prompts = _builtin_rollout_inputs()
     engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.5, max_model_len=64), model=ModelSpec(path=builtin),
                          tokenizer=tok)
     hf = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=builtin), tokenizer=tok)
@@ -123,17 +135,11 @@ def vllm_seeds() -> None:
 def vllm_settings() -> None:
     """The built-in rollout (64 prompts x 8, 4 new tokens) on vLLM engines with other scheduler
     settings, next to the HF rollout: does any vLLM setting beat HF on the 0.5M built-in model?"""
-    from transformers import AutoTokenizer
-
     from verl_core.interfaces import ModelSpec, SamplingParams
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
-    from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
-    builtin = str(ensure_builtin_model())
-    tok = AutoTokenizer.from_pretrained(builtin)
-    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
-               for r in make_dataset()[0][:64]]
+    builtin, tok, prompts = _builtin_rollout_inputs()
     base = dict(kv_cache_gb=0.5, max_model_len=64)
     settings = {
         "vllm defaults (max_num_seqs 256, 4096 batched tokens)": VLLMRolloutConfig(**base),
@@ -204,17 +210,14 @@ def import_rss() -> None:
     torch, transformers and vLLM (what reading a jsonl file through datasets.load_dataset cost)."""
     import importlib
 
-    def rss_mb() -> float:
-        return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
-
     for name in ("torch", "transformers", "vllm"):
         importlib.import_module(name)
-    before = rss_mb()
+    before = _status_kib("VmRSS") / 1024
     importlib.import_module("pyarrow.parquet")
-    mid = rss_mb()
+    mid = _status_kib("VmRSS") / 1024
     importlib.import_module("datasets")
     print(f"after torch/transformers/vllm: {before:.0f} MB; + pyarrow {mid - before:+.0f} MB; "
-          f"+ datasets {rss_mb() - mid:+.0f} MB")
+          f"+ datasets {_status_kib('VmRSS') / 1024 - mid:+.0f} MB")
 
 
 def _accumulation_worker(model_dir: str, shard_single_rank: bool):
@@ -268,9 +271,7 @@ def memory_trace(shard_single_rank: bool, no_accumulate: bool, no_trim: bool) ->
     import verl_core.trainer as trainer
 
     def rss() -> str:
-        status = Path("/proc/self/status").read_text()
-        peak, now = (int(re.search(k + r":\s+(\d+)", status).group(1)) / 2**20 for k in ("VmHWM", "VmRSS"))
-        return f"peak {peak:.3f} GiB, now {now:.3f} GiB"
+        return f"peak {_status_kib('VmHWM') / 2**20:.3f} GiB, now {_status_kib('VmRSS') / 2**20:.3f} GiB"
 
     if no_accumulate:
         fsdp.FSDPWorker._accumulating = lambda self, more: None
@@ -341,7 +342,7 @@ def hf_generate() -> None:
             engine.generate(prompts, sampling=SamplingParams(n=T.GROUP_SIZE, max_new_tokens=32, temperature=1.0,
                                                              logprobs=logprobs, seed=seed))
 
-        runs = {"model.generate (floor)": lambda s: floor(s), "verl HF rollout, log-probs": lambda s: ours(s, True),
+        runs = {"model.generate (floor)": floor, "verl HF rollout, log-probs": lambda s: ours(s, True),
                 "verl HF rollout, no log-probs": lambda s: ours(s, False)}
         times: dict[str, list[float]] = {}
         for rep in range(4):
@@ -357,36 +358,21 @@ def hf_generate() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="probe", required=True)
-    sub.add_parser("ray-call")
-    sub.add_parser("vllm-seeds")
-    sub.add_parser("accumulation")
-    sub.add_parser("hf-generate")
-    sub.add_parser("vllm-settings")
-    sub.add_parser("page-faults")
-    sub.add_parser("import-rss")
+    probes = {"ray-call": ray_call, "vllm-seeds": vllm_seeds, "accumulation": accumulation,
+              "hf-generate": hf_generate, "vllm-settings": vllm_settings, "page-faults": page_faults,
+              "import-rss": import_rss}
+    for name in probes:
+        sub.add_parser(name)
     trace = sub.add_parser("memory-trace")
     trace.add_argument("--shard-single-rank", action="store_true", help="wrap the one-rank actor with FSDP")
     trace.add_argument("--no-accumulate", action="store_true",
                        help="with --shard-single-rank: disable the one-rank accumulation shortcut")
     trace.add_argument("--no-trim", action="store_true", help="no malloc_trim(0) after updates")
     args = parser.parse_args()
-    if args.probe == "ray-call":
-        ray_call()
-    elif args.probe == "vllm-seeds":
-        vllm_seeds()
-    elif args.probe == "accumulation":
-        accumulation()
-    elif args.probe == "hf-generate":
-        hf_generate()
-    elif args.probe == "vllm-settings":
-        vllm_settings()
-    elif args.probe == "page-faults":
-        page_faults()
-    elif args.probe == "import-rss":
-        import_rss()
-    else:
+    if args.probe == "memory-trace":
         memory_trace(args.shard_single_rank, args.no_accumulate, args.no_trim)
-
+    else:
+        probes[args.probe]()
 
 if __name__ == "__main__":
     main()
