@@ -47,3 +47,16 @@ def plain_pytorch_steps(model_dir: str, *, steps: int, micro: int, lr: float, de
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     return model.eval()
+
+
+def leave_process_group(worker) -> None:
+    """End a spawned rank: wait for every rank, free the worker (and its hold on the group), leave.
+
+    A rank that left while a peer was still inside a collective, or whose FSDP module was only freed
+    at interpreter exit, could abort (SIGABRT) on the way out.
+    """
+    import torch.distributed as dist
+
+    dist.barrier()
+    worker.close()
+    dist.destroy_process_group()

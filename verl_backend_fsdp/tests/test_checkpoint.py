@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from fsdp_test_utils import leave_process_group
 from verl_core.checkpoint import CheckpointError, CheckpointManager
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
@@ -34,9 +35,7 @@ def _save_two_ranks(rank, model_dir, port, ckpt_dir):
     worker.save_state(ckpt_dir)
     if rank == 0:
         torch.save(weights, os.path.join(ckpt_dir, "..", "expected.pt"))
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
+    leave_process_group(worker)
 
 
 def _free_port():

@@ -244,3 +244,23 @@ def test_host_memory_is_handed_back_after_updates_unless_turned_off(model_dir, m
         worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
     assert len(calls) == (2 if release else 0)
 
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_close_frees_the_module_at_once(model_dir, wrapped):
+    # Freed later by the garbage collector (or at interpreter exit), a sharded module would still
+    # hold the process group when the process leaves it.
+    import gc
+    import weakref
+
+    worker = _worker(model_dir, shard_single_rank=wrapped)
+    batch = make_batch(batch_size=4, prompt_length=5, response_length=6, vocab_size=16, advantages=True, seed=4)
+    worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    module = weakref.ref(worker.module)
+    gc.disable()  # nothing but close() may free it
+    try:
+        worker.close()
+        assert module() is None
+        worker.close()  # a second close is harmless
+    finally:
+        gc.enable()

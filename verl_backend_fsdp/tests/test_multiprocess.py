@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fsdp_test_utils import full_length_batch as _batch  # same tokens on every rank: one shared objective
+from fsdp_test_utils import leave_process_group
 from fsdp_test_utils import token_mean_loss as _loss
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
 from verl_core.testing import tiny_model_dir
@@ -34,9 +35,7 @@ def _train(rank: int, world_size: int, model_dir: str, port: int, out_dir: str) 
     weights = {k: v.clone() for k, v in worker.iter_weights()}
     if rank == 0:
         torch.save({"weights": weights, "losses": losses}, os.path.join(out_dir, f"ws{world_size}.pt"))
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
+    leave_process_group(worker)
 
 
 def _free_port() -> int:

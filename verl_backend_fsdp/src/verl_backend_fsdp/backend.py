@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import math
 import os
 import random
@@ -667,7 +668,19 @@ class FSDPWorker(TrainingWorker):
             AutoTokenizer.from_pretrained(tok_path).save_pretrained(path)
 
     def close(self) -> None:
-        self.optimizer = None
+        """Free the module, optimizer and device mesh now, before the process group is destroyed.
+
+        The module holds itself in a reference cycle (its bound log-prob method) and, through its
+        FSDP state, the process group; left to the garbage collector it can be freed during
+        interpreter shutdown, while the group's communication threads are being torn down.
+        """
+        if self.module is None:
+            return
+        self.module.__dict__.pop("verl_token_log_probs", None)  # the bound method's cycle
+        self.optimizer = self.scheduler = None
+        self.module = self.mesh = None
+        if self.sharded:  # FSDP's own state has cycles too; only these hold the process group
+            gc.collect()
 
 
 def _release_host_memory() -> None:
