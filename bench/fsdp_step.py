@@ -2,7 +2,9 @@
 
 Each configuration runs in its own process (so peak RSS is its own), and the configurations are
 alternated over several rounds so machine noise hits all of them alike. Reported: median step
-time, peak RSS, and framework overhead = (ours - raw) / raw at the same thread count.
+time (wall clock, and the CPU time the process spent, which CPU time taken by the VM host does not
+inflate), minor page faults per step, peak RSS, and framework overhead = (ours - raw) / raw at the
+same thread count.
 
     python bench/fsdp_step.py            # writes bench/results/fsdp_step.md
 """
@@ -23,14 +25,15 @@ from pathlib import Path
 
 # "backend" holds FSDPConfig fields. At one rank the backend trains the plain module by default
 # (shard_single_rank=False); the wrapped row shows what FSDP itself costs there, and the
-# release_host_memory row what handing freed memory back to the OS after each update costs.
+# release_host_memory rows what handing freed memory back to the OS after each update costs.
 CONFIGS = {
     "raw-pytorch ws1": {"kind": "raw", "ws": 1},
     "fsdp ws1": {"kind": "fsdp", "ws": 1, "backend": {}},
-    "fsdp ws1 release_host_memory=false": {"kind": "fsdp", "ws": 1, "backend": {"release_host_memory": False}},
+    "fsdp ws1 release_host_memory=true": {"kind": "fsdp", "ws": 1, "backend": {"release_host_memory": True}},
     "fsdp ws1 wrapped (shard_single_rank)": {"kind": "fsdp", "ws": 1, "backend": {"shard_single_rank": True}},
     "fsdp ws1 +act-ckpt": {"kind": "fsdp", "ws": 1, "backend": {"activation_checkpointing": True}},
     "fsdp ws2": {"kind": "fsdp", "ws": 2, "backend": {}},
+    "fsdp ws2 release_host_memory=true": {"kind": "fsdp", "ws": 2, "backend": {"release_host_memory": True}},
 }
 BATCH, PROMPT, RESPONSE = 8, 32, 64
 WARMUP = 2
@@ -81,9 +84,9 @@ def run_raw(model_dir: str, steps: int) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = make_batch()
     ids = batch.input_ids
-    times = []
+    times, cpu, faults = [], [], []
     for _ in range(steps):
-        t = time.perf_counter()
+        t, c, f = time.perf_counter(), time.process_time(), _minor_faults()
         opt.zero_grad(set_to_none=True)
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
         lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
@@ -92,7 +95,13 @@ def run_raw(model_dir: str, steps: int) -> list[float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t)
-    return times
+        cpu.append(time.process_time() - c)
+        faults.append(_minor_faults() - f)
+    return {"times": times, "cpu": cpu, "faults": faults}
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, port: int, out: str) -> None:
@@ -107,13 +116,15 @@ def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, por
     worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
                                    world=WorldInfo(rank=rank, world_size=ws, threads=1), seed=0)
     shard = make_batch().chunk(ws)[rank]
-    times = []
+    times, cpu, faults = [], [], []
     for _ in range(steps):
-        t = time.perf_counter()
+        t, c, f = time.perf_counter(), time.process_time(), _minor_faults()
         worker.update_policy(shard, loss_fn=loss_fn, mini_batch_size=0, epochs=1)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+        faults.append(_minor_faults() - f)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": times, "rss_gb": rss}))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": times, "cpu": cpu, "faults": faults, "rss_gb": rss}))
 
 
 def measure(name: str, model_dir: str, steps: int) -> dict:
@@ -126,8 +137,9 @@ def measure(name: str, model_dir: str, steps: int) -> dict:
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     # Step time of the slowest rank; the warm-up steps (lazy init, optimizer state, allocator growth:
     # the second step of a wrapped one-rank run was still ~30% slow) are dropped.
-    times = [max(r["times"][i] for r in ranks) for i in range(WARMUP, steps)]
-    return {"times": times, "rss_gb": sum(r["rss_gb"] for r in ranks), "ranks": cfg["ws"]}
+    # CPU time and page faults: of the rank that spent the most in that step.
+    per_step = {k: [max(r[k][i] for r in ranks) for i in range(WARMUP, steps)] for k in ("times", "cpu", "faults")}
+    return {**per_step, "rss_gb": sum(r["rss_gb"] for r in ranks), "ranks": cfg["ws"]}
 
 
 def child(name: str, model_dir: str, steps: int, out: str) -> None:
@@ -136,9 +148,9 @@ def child(name: str, model_dir: str, steps: int, out: str) -> None:
     torch.set_num_threads(1)
     cfg = CONFIGS[name]
     if cfg["kind"] == "raw":
-        times = run_raw(model_dir, steps)
+        measured = run_raw(model_dir, steps)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        Path(out, "rank0.json").write_text(json.dumps({"times": times, "rss_gb": rss}))
+        Path(out, "rank0.json").write_text(json.dumps({**measured, "rss_gb": rss}))
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,37 +177,49 @@ def main() -> None:
         build_model_dir(Path(model_dir))
         from transformers import AutoConfig
 
-        results: dict[str, dict] = {n: {"times": [], "rss_gb": []} for n in CONFIGS}
+        results: dict[str, dict] = {n: {"times": [], "cpu": [], "faults": [], "rss_gb": []} for n in CONFIGS}
         for r in range(args.rounds):
             for name in CONFIGS:  # alternate configurations every round
                 m = measure(name, model_dir, args.steps)
-                results[name]["times"] += m["times"]
+                for key in ("times", "cpu", "faults"):
+                    results[name][key] += m[key]
                 results[name]["rss_gb"].append(m["rss_gb"])
-                print(f"round {r + 1} {name}: median {statistics.median(m['times']):.3f}s", flush=True)
+                print(f"round {r + 1} {name}: median {statistics.median(m['times']):.3f}s wall, "
+                      f"{statistics.median(m['cpu']):.3f}s CPU", flush=True)
         n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(model_dir)).parameters())
-    raw = statistics.median(results["raw-pytorch ws1"]["times"])
+    med = {name: {k: statistics.median(r[k]) for k in ("times", "cpu", "faults")} for name, r in results.items()}
+    raw = med["raw-pytorch ws1"]
     lines = [
         "# FSDP actor update vs plain PyTorch",
         "",
         f"Model: Qwen2 architecture, {n_params / 1e6:.1f}M parameters (fp32). Batch: {BATCH} samples x "
         f"({PROMPT} prompt + {RESPONSE} response) tokens, PPO-clip loss, AdamW, grad clip. One torch thread per "
-        f"process. {args.rounds} alternating rounds x {args.steps - WARMUP} timed steps each (after {WARMUP} warm-up steps).",
+        f"process. {args.rounds} alternating rounds x {args.steps - WARMUP} timed steps each (after {WARMUP} warm-up "
+        f"steps). CPU time: the process's user + system time in the step (the busiest rank's), which time the VM "
+        f"host takes from this machine does not inflate.",
         f"Command: `python bench/fsdp_step.py --rounds {args.rounds} --steps {args.steps}`; "
         f"date {time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPU cores.",
         "",
-        "| configuration | processes | median step (s) | vs raw | peak RSS, all ranks (GiB) |",
-        "|---|---|---|---|---|",
+        "| configuration | processes | median step (s) | vs raw | median CPU (s) | vs raw | minor page faults / step "
+        "| peak RSS, all ranks (GiB) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in results.items():
-        med = statistics.median(r["times"])
-        lines.append(f"| {name} | {CONFIGS[name]['ws']} | {med:.3f} | {med / raw:.3f}x | {max(r['rss_gb']):.2f} |")
-    ours = statistics.median(results["fsdp ws1"]["times"])
-    wrapped = statistics.median(results["fsdp ws1 wrapped (shard_single_rank)"]["times"])
-    kept = statistics.median(results["fsdp ws1 release_host_memory=false"]["times"])
-    lines += ["", f"Framework overhead at world size 1 (the default, unwrapped module): (ours - raw) / raw = "
-                  f"{(ours - raw) / raw * 100:+.1f}%; without handing memory back after updates: "
-                  f"{(kept - raw) / raw * 100:+.1f}%; FSDP-wrapped at one rank: {(wrapped - raw) / raw * 100:+.1f}%."]
+    for name, m in med.items():
+        lines.append(f"| {name} | {CONFIGS[name]['ws']} | {m['times']:.3f} | {m['times'] / raw['times']:.3f}x | "
+                     f"{m['cpu']:.3f} | {m['cpu'] / raw['cpu']:.3f}x | {m['faults']:.0f} | "
+                     f"{max(results[name]['rss_gb']):.2f} |")
+
+    def over(name: str, key: str = "times", base: dict = raw) -> str:
+        return f"{(med[name][key] - base[key]) / base[key] * 100:+.1f}%"
+
+    lines += ["", f"Framework overhead at world size 1 (the default: unwrapped module, no malloc_trim): (ours - raw) / "
+                  f"raw = {over('fsdp ws1')} wall, {over('fsdp ws1', 'cpu')} CPU; handing memory back after each "
+                  f"update (release_host_memory=true): {over('fsdp ws1 release_host_memory=true')} wall, "
+                  f"{over('fsdp ws1 release_host_memory=true', 'cpu')} CPU; FSDP-wrapped at one rank: "
+                  f"{over('fsdp ws1 wrapped (shard_single_rank)')} wall. At two ranks release_host_memory=true costs "
+                  f"{over('fsdp ws2 release_host_memory=true', 'times', med['fsdp ws2'])} wall, "
+                  f"{over('fsdp ws2 release_host_memory=true', 'cpu', med['fsdp ws2'])} CPU."]
     out = Path(__file__).parent / "results" / "fsdp_step.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

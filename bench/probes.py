@@ -4,10 +4,9 @@
     python bench/probes.py vllm-seeds      # vLLM rollout of the built-in task: per-request seeds vs none vs HF
     python bench/probes.py accumulation    # FSDP update at one rank: unwrapped vs wrapped, with and without the shortcut
     python bench/probes.py vllm-settings   # the built-in rollout on vLLM with other scheduler settings vs HF
-    python bench/probes.py page-faults     # one-rank update: page faults and time with and without malloc_trim
     python bench/probes.py import-rss      # resident memory added by importing pyarrow and datasets
     python bench/probes.py hf-generate     # the TRL bench's generation: verl's HF rollout vs model.generate
-    python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--no-trim]
+    python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--trim]
                                            # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
 
 Each prints its numbers; they are single runs on a shared 2-core machine, so read them as sizes, not
@@ -175,36 +174,6 @@ def vllm_settings() -> None:
             engine.close()
 
 
-def page_faults() -> None:
-    """Minor page faults and time per update of bench/fsdp_step.py's 32M model, each setting in a
-    fresh process: with the after-update malloc_trim (the default) and without it."""
-    import subprocess
-
-    model_dir = tempfile.mkdtemp(prefix="probe-model-")
-    sys.path.insert(0, str(Path(__file__).parent))
-    import fsdp_step
-
-    fsdp_step.build_model_dir(Path(model_dir))
-    child = (
-        "import resource, sys, time, torch; sys.path.insert(0, {bench!r}); import fsdp_step as F\n"
-        "from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig\n"
-        "from verl_core.interfaces import ModelSpec, Role, WorldInfo\n"
-        "torch.set_num_threads(1)\n"
-        "w = FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=F.BATCH, release_host_memory={release})).create_worker(\n"
-        "    role=Role.ACTOR, model=ModelSpec(path={model!r}), world=WorldInfo(threads=1), seed=0)\n"
-        "batch, out = F.make_batch(), []\n"
-        "for _ in range(6):\n"
-        "    f, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()\n"
-        "    w.update_policy(batch, loss_fn=F.loss_fn, mini_batch_size=0, epochs=1)\n"
-        "    out.append(f'{{time.perf_counter() - t:.2f}} s / {{resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f}}')\n"
-        "print(', '.join(out))\n")
-    for release in (True, False):
-        code = child.format(bench=str(Path(__file__).parent), release=release, model=model_dir)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        print(f"release_host_memory={release}: per update (time / minor faults): {out.stdout.strip()}")
-
-
 def import_rss() -> None:
     """Resident memory that importing pyarrow and datasets adds to a process that already holds
     torch, transformers and vLLM (what reading a jsonl file through datasets.load_dataset cost)."""
@@ -262,7 +231,7 @@ def accumulation() -> None:
               f"({', '.join(f'{t:.2f}' for t in ts)})")
 
 
-def memory_trace(shard_single_rank: bool, no_accumulate: bool, no_trim: bool) -> None:
+def memory_trace(shard_single_rank: bool, no_accumulate: bool, trim: bool) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import trl_comparison
 
@@ -275,8 +244,6 @@ def memory_trace(shard_single_rank: bool, no_accumulate: bool, no_trim: bool) ->
 
     if no_accumulate:
         fsdp.FSDPWorker._accumulating = lambda self, more: None
-    if no_trim:
-        fsdp._release_host_memory = lambda: None
     timed = dataflow._timed
 
     def traced(node, ctx):
@@ -298,8 +265,9 @@ def memory_trace(shard_single_rank: bool, no_accumulate: bool, no_trim: bool) ->
     trainer.Trainer.setup = traced_setup
     with tempfile.TemporaryDirectory() as work:
         trl_comparison.build_workload(Path(work), 32)
-        trl_comparison.run_ours("vllm", Path(work), 4, 32, Path(work) / "out",
-                                ("backend.shard_single_rank=true",) if shard_single_rank else ())
+        overrides = (("backend.shard_single_rank=true",) if shard_single_rank else ()) + (
+            ("backend.release_host_memory=true",) if trim else ())
+        trl_comparison.run_ours("vllm", Path(work), 4, 32, Path(work) / "out", overrides)
     print(f"end: {rss()}")
 
 
@@ -359,7 +327,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="probe", required=True)
     probes = {"ray-call": ray_call, "vllm-seeds": vllm_seeds, "accumulation": accumulation,
-              "hf-generate": hf_generate, "vllm-settings": vllm_settings, "page-faults": page_faults,
+              "hf-generate": hf_generate, "vllm-settings": vllm_settings,
               "import-rss": import_rss}
     for name in probes:
         sub.add_parser(name)
@@ -367,10 +335,11 @@ def main() -> None:
     trace.add_argument("--shard-single-rank", action="store_true", help="wrap the one-rank actor with FSDP")
     trace.add_argument("--no-accumulate", action="store_true",
                        help="with --shard-single-rank: disable the one-rank accumulation shortcut")
-    trace.add_argument("--no-trim", action="store_true", help="no malloc_trim(0) after updates")
+    trace.add_argument("--trim", action="store_true",
+                       help="backend.release_host_memory=true: malloc_trim(0) after every update")
     args = parser.parse_args()
     if args.probe == "memory-trace":
-        memory_trace(args.shard_single_rank, args.no_accumulate, args.no_trim)
+        memory_trace(args.shard_single_rank, args.no_accumulate, args.trim)
     else:
         probes[args.probe]()
 

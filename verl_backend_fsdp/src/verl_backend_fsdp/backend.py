@@ -87,12 +87,13 @@ class FSDPConfig(BackendConfig):
             Checkpoints are the same DCP format either way and load at any world size. Mixed
             precision and CPU offload always use FSDP.
         release_host_memory: on CPU, hand the update's freed memory back to the OS after every
-            update (``malloc_trim``; glibc otherwise keeps it for reuse). Lowers the process's
-            resident memory between updates and its peak when a rollout engine shares the process
-            (TRL bench, ours-vllm: RSS after an update 2.27 vs 2.87 GiB with the unwrapped module).
-            The memory is touched again by the next update (70-95k page faults per update of the
-            32M model in ``bench/fsdp_step.py`` vs ~0 without); a time cost of that was not
-            consistent in measurements here (see bench/README.md), so this stays on.
+            update (``malloc_trim``; glibc otherwise keeps it for reuse). Off by default: the next
+            update touches that memory again (70-110k page faults per update of the 32M model in
+            ``bench/fsdp_step.py`` against ~0 without), which cost +7% of the update's time at one
+            and at two ranks, while the peak of a process that also runs a vLLM engine fell by only
+            0.01 GiB (``python bench/probes.py memory-trace [--no-trim]``: the engine reuses the
+            kept memory). Turn it on when another process on the host needs that memory between
+            updates: the resident memory after an update falls (2.63 -> 2.17 GiB there).
         remove_padding: run actor and reference forwards on packed sequences (one row of only real
             tokens, position ids restarting per sequence) instead of a padded ``[batch, length]``
             block. ``"auto"`` packs when the model uses a variable-length attention kernel
@@ -115,7 +116,7 @@ class FSDPConfig(BackendConfig):
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     lora_sync: str = "merged"
     shard_single_rank: bool = False
-    release_host_memory: bool = True
+    release_host_memory: bool = False
     remove_padding: str = "auto"
 
     def validate(self) -> None:
