@@ -88,11 +88,11 @@ class FSDPConfig(BackendConfig):
             precision and CPU offload always use FSDP.
         release_host_memory: on CPU, hand the update's freed memory back to the OS after every
             update (``malloc_trim``; glibc otherwise keeps it for reuse). Off by default: the next
-            update touches that memory again (70-110k page faults per update of the 32M model in
-            ``bench/fsdp_step.py`` against ~0 without), which cost +7% of the update's time at one
-            and at two ranks, while the peak of a process that also runs a vLLM engine fell by only
-            0.01 GiB (``python bench/probes.py memory-trace [--no-trim]``: the engine reuses the
-            kept memory). Turn it on when another process on the host needs that memory between
+            update touches that memory again (``bench/fsdp_step.py``, 32M model: 97k minor page
+            faults per update against 25k), which cost +11% of the update's CPU time at one rank
+            and +6.5% at two, while the peak of a process that also runs a vLLM engine fell by only
+            0.01 GiB (``python bench/probes.py memory-trace [--trim]``: the engine reuses the kept
+            memory). Turn it on when another process on the host needs that memory between
             updates: the resident memory after an update falls (2.63 -> 2.17 GiB there).
         remove_padding: run actor and reference forwards on packed sequences (one row of only real
             tokens, position ids restarting per sequence) instead of a padded ``[batch, length]``
