@@ -37,6 +37,7 @@ CONFIGS = {
 }
 BATCH, PROMPT, RESPONSE = 8, 32, 64
 WARMUP = 2
+MEASURES = ("times", "cpu", "faults")  # per step: wall seconds, CPU seconds, minor page faults
 
 
 def build_model_dir(path: Path) -> None:
@@ -74,7 +75,23 @@ def loss_fn(*, batch, log_probs, entropy=None, values=None):
     return loss, {}
 
 
-def run_raw(model_dir: str, steps: int) -> list[float]:
+def timed_steps(step, steps: int) -> dict[str, list[float]]:
+    """Run ``step()`` ``steps`` times; wall time, CPU time and minor page faults of each."""
+    out: dict[str, list[float]] = {k: [] for k in MEASURES}
+    for _ in range(steps):
+        t, c, f = time.perf_counter(), time.process_time(), _minor_faults()
+        step()
+        out["times"].append(time.perf_counter() - t)
+        out["cpu"].append(time.process_time() - c)
+        out["faults"].append(_minor_faults() - f)
+    return out
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def run_raw(model_dir: str, steps: int) -> dict[str, list[float]]:
     """The floor: the same forward/backward/clip/AdamW step written directly against the model."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -84,9 +101,8 @@ def run_raw(model_dir: str, steps: int) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = make_batch()
     ids = batch.input_ids
-    times, cpu, faults = [], [], []
-    for _ in range(steps):
-        t, c, f = time.perf_counter(), time.process_time(), _minor_faults()
+
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
         lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
@@ -94,14 +110,8 @@ def run_raw(model_dir: str, steps: int) -> list[float]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-        faults.append(_minor_faults() - f)
-    return {"times": times, "cpu": cpu, "faults": faults}
 
-
-def _minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return timed_steps(step, steps)
 
 
 def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, port: int, out: str) -> None:
@@ -116,15 +126,14 @@ def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, por
     worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
                                    world=WorldInfo(rank=rank, world_size=ws, threads=1), seed=0)
     shard = make_batch().chunk(ws)[rank]
-    times, cpu, faults = [], [], []
-    for _ in range(steps):
-        t, c, f = time.perf_counter(), time.process_time(), _minor_faults()
-        worker.update_policy(shard, loss_fn=loss_fn, mini_batch_size=0, epochs=1)
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-        faults.append(_minor_faults() - f)
+    measured = timed_steps(lambda: worker.update_policy(shard, loss_fn=loss_fn, mini_batch_size=0, epochs=1), steps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": times, "cpu": cpu, "faults": faults, "rss_gb": rss}))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({**measured, "rss_gb": rss}))
+    import torch.distributed as dist
+
+    dist.barrier()  # leave together, the model freed first (as the Ray worker host does)
+    worker.close()
+    dist.destroy_process_group()
 
 
 def measure(name: str, model_dir: str, steps: int) -> dict:
@@ -138,7 +147,7 @@ def measure(name: str, model_dir: str, steps: int) -> dict:
     # Step time of the slowest rank; the warm-up steps (lazy init, optimizer state, allocator growth:
     # the second step of a wrapped one-rank run was still ~30% slow) are dropped.
     # CPU time and page faults: of the rank that spent the most in that step.
-    per_step = {k: [max(r[k][i] for r in ranks) for i in range(WARMUP, steps)] for k in ("times", "cpu", "faults")}
+    per_step = {k: [max(r[k][i] for r in ranks) for i in range(WARMUP, steps)] for k in MEASURES}
     return {**per_step, "rss_gb": sum(r["rss_gb"] for r in ranks), "ranks": cfg["ws"]}
 
 
@@ -177,18 +186,18 @@ def main() -> None:
         build_model_dir(Path(model_dir))
         from transformers import AutoConfig
 
-        results: dict[str, dict] = {n: {"times": [], "cpu": [], "faults": [], "rss_gb": []} for n in CONFIGS}
+        results: dict[str, dict] = {n: {**{k: [] for k in MEASURES}, "rss_gb": []} for n in CONFIGS}
         for r in range(args.rounds):
             for name in CONFIGS:  # alternate configurations every round
                 m = measure(name, model_dir, args.steps)
-                for key in ("times", "cpu", "faults"):
+                for key in MEASURES:
                     results[name][key] += m[key]
                 results[name]["rss_gb"].append(m["rss_gb"])
                 print(f"round {r + 1} {name}: median {statistics.median(m['times']):.3f}s wall, "
                       f"{statistics.median(m['cpu']):.3f}s CPU", flush=True)
         n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(model_dir)).parameters())
-    med = {name: {k: statistics.median(r[k]) for k in ("times", "cpu", "faults")} for name, r in results.items()}
+    med = {name: {k: statistics.median(r[k]) for k in MEASURES} for name, r in results.items()}
     raw = med["raw-pytorch ws1"]
     lines = [
         "# FSDP actor update vs plain PyTorch",
