@@ -136,13 +136,17 @@ def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, por
     dist.destroy_process_group()
 
 
-def measure(name: str, model_dir: str, steps: int) -> dict:
-    """Run one configuration in fresh processes; returns step times and peak RSS (sum over ranks)."""
+def measure(name: str, model_dir: str, steps: int, env: dict[str, str] | None = None) -> dict:
+    """Run one configuration in fresh processes; returns step times and peak RSS (sum over ranks).
+
+    ``env`` adds environment variables (``bench/probes.py fsdp-revisions`` points PYTHONPATH at an
+    older checkout of the backend with it).
+    """
     cfg = CONFIGS[name]
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, __file__, "--child", name, "--model-dir", model_dir, "--steps", str(steps),
                "--out", out]
-        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     # Step time of the slowest rank; the warm-up steps (lazy init, optimizer state, allocator growth:
     # the second step of a wrapped one-rank run was still ~30% slow) are dropped.

@@ -6,6 +6,8 @@
     python bench/probes.py vllm-settings   # the built-in rollout on vLLM with other scheduler settings vs HF
     python bench/probes.py import-rss      # resident memory added by importing pyarrow and datasets
     python bench/probes.py hf-generate     # the TRL bench's generation: verl's HF rollout vs model.generate
+    python bench/probes.py fsdp-revisions REV [REV ...] [--config "fsdp ws2"] [--rounds 3]
+                                           # bench/fsdp_step.py's update at each git revision of verl_core + the FSDP backend
     python bench/probes.py memory-trace [--shard-single-rank [--no-accumulate]] [--trim]
                                            # peak/current RSS after every dataflow node of the TRL-bench ours-vllm run
 
@@ -231,6 +233,43 @@ def accumulation() -> None:
               f"({', '.join(f'{t:.2f}' for t in ts)})")
 
 
+def fsdp_revisions(revisions: list[str], config: str, rounds: int) -> None:
+    """One configuration of bench/fsdp_step.py at several git revisions, to find the commit behind a
+    change in update time. Each revision is checked out into a temporary worktree and imported from
+    there (PYTHONPATH: its verl_core and verl_backend_fsdp sources; the bench script is today's), in
+    fresh processes, the revisions alternated over rounds. Prints median wall and CPU time per step."""
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fsdp_step
+
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(Path(tmp) / "model")
+        fsdp_step.build_model_dir(Path(model_dir))
+        trees = {}
+        for rev in revisions:
+            tree = Path(tmp) / f"tree-{len(trees)}"
+            subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+            trees[rev] = tree
+        try:
+            results: dict[str, dict[str, list[float]]] = {rev: {"times": [], "cpu": []} for rev in revisions}
+            for r in range(rounds):
+                for rev, tree in trees.items():
+                    env = {"PYTHONPATH": os.pathsep.join(str(tree / d / "src") for d in ("verl_core", "verl_backend_fsdp"))}
+                    m = fsdp_step.measure(config, model_dir, 6, env=env)
+                    for key in results[rev]:
+                        results[rev][key] += m[key]
+                    print(f"round {r + 1} {rev}: median {statistics.median(m['times']):.3f} s wall, "
+                          f"{statistics.median(m['cpu']):.3f} s CPU", flush=True)
+        finally:
+            for tree in trees.values():
+                subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False)
+    for rev, m in results.items():
+        print(f"{config} at {rev}: median {statistics.median(m['times']):.3f} s wall, "
+              f"{statistics.median(m['cpu']):.3f} s CPU per update ({len(m['times'])} steps)")
+
+
 def memory_trace(shard_single_rank: bool, no_accumulate: bool, trim: bool) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import trl_comparison
@@ -337,9 +376,16 @@ def main() -> None:
                        help="with --shard-single-rank: disable the one-rank accumulation shortcut")
     trace.add_argument("--trim", action="store_true",
                        help="backend.release_host_memory=true: malloc_trim(0) after every update")
+    revs = sub.add_parser("fsdp-revisions")
+    revs.add_argument("revisions", nargs="+", help="git revisions (commits, tags, HEAD)")
+    revs.add_argument("--config", default="fsdp ws2",
+                      help="a bench/fsdp_step.py configuration whose settings exist at every revision")
+    revs.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.probe == "memory-trace":
         memory_trace(args.shard_single_rank, args.no_accumulate, args.trim)
+    elif args.probe == "fsdp-revisions":
+        fsdp_revisions(args.revisions, args.config, args.rounds)
     else:
         probes[args.probe]()
 
