@@ -231,7 +231,7 @@ def test_bf16_compute_keeps_fp32_master_weights(model_dir):
 
 
 @pytest.mark.parametrize("release", [True, False])
-def test_host_memory_is_handed_back_after_updates_unless_turned_off(model_dir, monkeypatch, release):
+def test_host_memory_is_handed_back_after_updates_only_when_turned_on(model_dir, monkeypatch, release):
     import verl_backend_fsdp.backend as fsdp
 
     calls: list[int] = []
@@ -243,7 +243,6 @@ def test_host_memory_is_handed_back_after_updates_unless_turned_off(model_dir, m
     for _ in range(2):
         worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
     assert len(calls) == (2 if release else 0)
-
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
