@@ -4,6 +4,7 @@
     python bench/probes.py vllm-seeds      # vLLM rollout of the built-in task: per-request seeds vs none vs HF
     python bench/probes.py accumulation    # FSDP update at one rank: unwrapped vs wrapped, with and without the shortcut
     python bench/probes.py vllm-settings   # the built-in rollout on vLLM with other scheduler settings vs HF
+    python bench/probes.py vllm-lengths    # vLLM vs HF tokens/s on the built-in architecture as responses grow
     python bench/probes.py import-rss      # resident memory added by importing pyarrow and datasets
     python bench/probes.py hf-generate     # the TRL bench's generation: verl's HF rollout vs model.generate
     python bench/probes.py fsdp-revisions REV [REV ...] [--config "fsdp ws2"] [--rounds 3]
@@ -174,6 +175,49 @@ def vllm_settings() -> None:
     for name, engine in engines.items():
         if name != "hf":
             engine.close()
+
+
+def vllm_lengths() -> None:
+    """vLLM vs HF on the built-in model's architecture (0.5M parameters, random weights so that
+    responses run on) as the response budget grows: where does vLLM's per-request cost stop
+    outweighing HF's batched forward? Also the first call on a fresh engine (lazy start-up work)."""
+    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_core.testing import tiny_model_dir
+    from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
+
+    _, tok, prompts = _builtin_rollout_inputs()
+    random_dir = tiny_model_dir(tempfile.mkdtemp(prefix="probe-vllm-"), seed=1)
+    start = time.perf_counter()
+    engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.5, max_model_len=64), model=ModelSpec(path=random_dir),
+                         tokenizer=tok)
+    started = time.perf_counter() - start
+    hf = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=random_dir), tokenizer=tok)
+    rollouts = {"vllm": engine, "hf": hf}
+    first: dict[str, float] = {}
+    for name, rollout in rollouts.items():
+        begin = time.perf_counter()
+        rollout.generate(prompts, sampling=SamplingParams(n=8, max_new_tokens=4, seed=0))
+        first[name] = time.perf_counter() - begin
+    print(f"vllm start-up {started:.1f} s; first rollout vllm {first['vllm']:.3f} s, hf {first['hf']:.3f} s")
+    print("max new tokens | vllm tokens | vllm s | vllm tok/s | hf tokens | hf s | hf tok/s | vllm/hf tok/s")
+    for max_new in (4, 8, 16, 32, 56):
+        times: dict[str, list[float]] = {}
+        tokens: dict[str, list[int]] = {}
+        for rep in range(4):
+            for name, rollout in rollouts.items():
+                if name == "vllm":
+                    engine._llm.reset_prefix_cache()  # as after every weight sync in a run
+                sampling = SamplingParams(n=8, max_new_tokens=max_new, temperature=1.0, seed=1000 + rep)
+                begin = time.perf_counter()
+                out = rollout.generate(prompts, sampling=sampling)
+                times.setdefault(name, []).append(time.perf_counter() - begin)
+                tokens.setdefault(name, []).append(sum(len(r) for r in out.response_ids))
+        rate = {name: statistics.median(t / s for t, s in zip(tokens[name][1:], times[name][1:])) for name in rollouts}
+        cells = " | ".join(f"{statistics.median(tokens[n][1:]):.0f} | {statistics.median(times[n][1:]):.3f} | "
+                           f"{rate[n]:.0f}" for n in rollouts)
+        print(f"{max_new} | {cells} | {rate['vllm'] / rate['hf']:.2f}x")
+    engine.close()
 
 
 def import_rss() -> None:
@@ -366,7 +410,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="probe", required=True)
     probes = {"ray-call": ray_call, "vllm-seeds": vllm_seeds, "accumulation": accumulation,
-              "hf-generate": hf_generate, "vllm-settings": vllm_settings,
+              "hf-generate": hf_generate, "vllm-settings": vllm_settings, "vllm-lengths": vllm_lengths,
               "import-rss": import_rss}
     for name in probes:
         sub.add_parser(name)
