@@ -40,13 +40,17 @@ def test_default_run_writes_metrics_config_and_checkpoint(tmp_path, run_verl):
 def test_resume_is_bit_identical(tmp_path):
     from verl_core.trainer import Trainer
 
-    common = [*FAST, "run.loggers=[]", "run.val_before_train=false", "data.max_val_samples=8"]
+    # A cosine learning rate too: its position is part of what a resume must restore.
+    common = [*FAST, "run.loggers=[]", "run.val_before_train=false", "data.max_val_samples=8",
+              "backend.lr_schedule=cosine", "backend.min_lr_ratio=0.1"]
 
     def weights(trainer):
         return {k: v.clone() for k, v in trainer.actor.iter_weights()}
 
     full = Trainer.from_config(overrides=[*common, "run.max_steps=3", f"run.output_dir='{tmp_path / 'a'}'"])
-    full.train()
+    metrics = full.train()
+    # Step 3 of 3 (the trainer gives the schedule run.max_steps): 0.1 + 0.9 * (1 + cos(2/3 pi)) / 2.
+    assert metrics["actor/lr"] == pytest.approx(full.config.backend.config.lr * 0.325)
     expected = weights(full)
 
     first = Trainer.from_config(overrides=[*common, "run.max_steps=1", f"run.output_dir='{tmp_path / 'b'}'"])
@@ -56,6 +60,31 @@ def test_resume_is_bit_identical(tmp_path):
     assert resumed.resumed_from.name == "step_000001"
     got = weights(resumed)
     assert got.keys() == expected.keys()
+    for k in expected:
+        assert torch.equal(got[k], expected[k]), k
+
+
+@pytest.mark.slow
+def test_resume_at_an_epoch_boundary_is_bit_identical(tmp_path):
+    from verl_core.tasks.arithmetic import make_dataset
+    from verl_core.trainer import Trainer
+
+    # 32 prompts, 16 per step: step 2 ends epoch 0, and the interrupted run is cut there.
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_dataset()[0][:32]))
+    common = [*FAST, f"data.train='{data}'", "run.loggers=[]", "run.val_before_train=false",
+              "data.max_val_samples=8"]
+    full = Trainer.from_config(overrides=[*common, "run.max_steps=4", f"run.output_dir='{tmp_path / 'a'}'"])
+    full.train()
+    expected = {k: v.clone() for k, v in full.actor.iter_weights()}
+
+    first = Trainer.from_config(overrides=[*common, "run.max_steps=2", f"run.output_dir='{tmp_path / 'b'}'"])
+    first.train()
+    resumed = Trainer.from_checkpoint(tmp_path / "b", overrides=["run.max_steps=4"])
+    resumed.train()
+    assert resumed.resumed_from.name == "step_000002"
+    assert resumed.sampler.state_dict() == full.sampler.state_dict()  # epoch 1, same shuffled order
+    got = dict(resumed.actor.iter_weights())
     for k in expected:
         assert torch.equal(got[k], expected[k]), k
 

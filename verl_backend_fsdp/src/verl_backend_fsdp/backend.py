@@ -289,20 +289,17 @@ class FSDPWorker(TrainingWorker):
         else:
             for p in module.parameters():
                 p.requires_grad_(False)
-        self._total_steps = 0
 
     # ------------------------------------------------------------------ helpers
-    def set_total_optimizer_steps(self, total: int) -> None:
-        """Tell the cosine schedule how many optimizer steps the run will take."""
-        self._total_steps = total
-
     def _lr_factor(self, step: int) -> float:
+        """Learning-rate multiplier for training step ``step`` (0-based: the number of updates done)."""
         warmup = self.config.warmup_steps
         if warmup and step < warmup:
             return (step + 1) / warmup
-        if self.config.lr_schedule == "constant" or not self._total_steps:
+        total = self.config.total_training_steps
+        if self.config.lr_schedule == "constant" or not total:
             return 1.0
-        progress = min(1.0, (step - warmup) / max(1, self._total_steps - warmup))
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
         floor = self.config.min_lr_ratio
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -477,15 +474,16 @@ class FSDPWorker(TrainingWorker):
                     raise TrainingDivergedError(f"{prefix} gradient norm is {norm} at optimizer step "
                                                 f"{self.optimizer_steps + 1}; the update was not applied")
                 self.optimizer.step()
-                self.scheduler.step()
                 self.optimizer_steps += 1
                 norms.append(norm)
+        out_lr = self.optimizer.param_groups[0]["lr"]  # the rate this update used
+        self.scheduler.step()  # once per training step, whatever the number of mini-batches
         self._accumulating(False)
         if self.device.type == "cpu" and self.config.release_host_memory:
             _release_host_memory()
         out = {k: v / max(count, 1) for k, v in sums.items()}
         out[f"{prefix}/grad_norm"] = sum(norms) / len(norms)
-        out[f"{prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        out[f"{prefix}/lr"] = out_lr
         # Reported with the update, so a controller on another process needs no extra call for it.
         out[f"memory/{prefix}_peak_gb"] = self.peak_memory_gb()
         self.module.train(False)
@@ -642,6 +640,11 @@ class FSDPWorker(TrainingWorker):
             set_model_state_dict(self.module, state["model"])
         if self.scheduler is not None and extra["scheduler"] is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
+            # The rate for the next step follows this run's schedule (a run resumed with a larger
+            # run.max_steps stretches its cosine), not the rate the saved run had set for itself.
+            factor = self._lr_factor(self.scheduler.last_epoch)
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = base * factor
         self.optimizer_steps = extra["optimizer_steps"]
         if extra["world_size"] == self.world.world_size:
             # RNG streams are per rank: only meaningful at the same world size.

@@ -159,9 +159,13 @@ class BackendConfig:
         weight_decay: AdamW weight decay.
         betas: AdamW betas.
         eps: AdamW epsilon.
-        warmup_steps: linear warm-up length in optimizer steps.
+        warmup_steps: linear warm-up length in training steps. The learning rate changes once
+            per training step (per update call, however many optimizer steps its mini-batches and
+            epochs take), as in verl, so the schedule does not depend on batch sizes.
         lr_schedule: ``"constant"`` or ``"cosine"`` after warm-up.
         min_lr_ratio: floor of the cosine schedule as a fraction of ``lr``.
+        total_training_steps: training steps the cosine schedule spans; 0 lets the trainer fill
+            in ``run.max_steps``.
         grad_clip: clip the global gradient norm to this (0 disables).
         micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
         log_prob_micro_batch_size: samples per forward when only computing log-probs.
@@ -176,6 +180,7 @@ class BackendConfig:
     warmup_steps: int = 0
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.0
+    total_training_steps: int = 0
     grad_clip: float = 1.0
     micro_batch_size: int = 64
     log_prob_micro_batch_size: int = 256
@@ -184,6 +189,10 @@ class BackendConfig:
     def validate(self) -> None:
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError("lr_schedule: must be 'constant' or 'cosine'")
+        if self.warmup_steps < 0 or self.total_training_steps < 0:
+            raise ValueError("warmup_steps/total_training_steps: must be >= 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("min_lr_ratio: must be in [0, 1] (a fraction of lr)")
         if self.micro_batch_size <= 0:
             raise ValueError("micro_batch_size: must be a positive number of samples")
 

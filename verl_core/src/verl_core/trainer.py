@@ -7,6 +7,7 @@ hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -138,7 +139,11 @@ class Trainer:
                                     data_sources={r["data_source"] for r in (*self.train_rows, *self.val_rows)})
 
         self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
-        backend = self.registry.load("backend", cfg.backend.name)(cfg.backend.config)
+        backend_config = cfg.backend.config
+        if not getattr(backend_config, "total_training_steps", 1):
+            # The length of a cosine schedule; a copy, so the saved config still says "follow max_steps".
+            backend_config = dataclasses.replace(backend_config, total_training_steps=cfg.run.max_steps)
+        backend = self.registry.load("backend", cfg.backend.name)(backend_config)
         self.executor = self.registry.load("executor", cfg.executor.name)(cfg.executor.config)
         self.executor.use_plugins([("backend", cfg.backend.name), ("rollout", cfg.rollout.name),
                                    ("algorithm", cfg.algorithm.name)])
