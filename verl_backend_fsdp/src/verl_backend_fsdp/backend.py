@@ -324,7 +324,30 @@ class FSDPWorker(TrainingWorker):
                 tokens = 0
             groups[-1].append(i)
             tokens += n
+        if self.world.world_size > 1:
+            # Every micro-batch is a round of FSDP collectives: ranks whose samples pack into fewer
+            # micro-batches split theirs further, or their peers would wait forever.
+            groups = _split_to(groups, lengths, self._max_over_ranks(len(groups)))
         return [batch.select(g) for g in groups]
+
+    def _max_over_ranks(self, value: int) -> int:
+        if self.world.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _rank_mini_batch(self, mini_batch_size: int, rank_samples: int) -> int:
+        """Samples per optimizer step on this rank. ``mini_batch_size`` counts samples over all
+        data-parallel ranks (as verl's ``ppo_mini_batch_size``), and every rank holds an equal shard,
+        so each rank steps on its share and all ranks take the same number of optimizer steps."""
+        if not mini_batch_size:
+            return rank_samples
+        ranks = self.world.world_size
+        if mini_batch_size % ranks:
+            raise ValueError(f"algorithm.mini_batch_size={mini_batch_size} is not a multiple of the {ranks} "
+                             f"data-parallel ranks; set it to a multiple, e.g. {ranks * max(1, mini_batch_size // ranks)}")
+        return mini_batch_size // ranks
 
     def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens, ``[B, R']`` for the padding-trimmed
@@ -446,7 +469,7 @@ class FSDPWorker(TrainingWorker):
                   prefix: str) -> dict[str, float]:
         self._check_length(batch)
         self.module.train(True)
-        mini = mini_batch_size or len(batch)
+        mini = self._rank_mini_batch(mini_batch_size, len(batch))
         sums: dict[str, float] = {}
         norms: list[float] = []
         count = 0
@@ -454,20 +477,30 @@ class FSDPWorker(TrainingWorker):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
                 micros = self._micro_batches(mb, self.config.micro_batch_size)
+                bad_loss: float | None = None
                 for index, micro in enumerate(micros):
                     self._accumulating(index < len(micros) - 1)
                     with self._oom_advice(micro, prefix):
                         loss, metrics = micro_loss(micro)
-                    if not torch.isfinite(loss):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        raise TrainingDivergedError(
-                            f"{prefix} loss is {float(loss.detach())} at optimizer step {self.optimizer_steps + 1}; the update "
-                            f"was not applied (lower backend.lr, or check the rewards for NaN)")
+                    if bad_loss is None and not torch.isfinite(loss):
+                        bad_loss = float(loss.detach())
+                        if self.world.world_size == 1:
+                            break
+                        # Peers are in step with this rank's backward passes: finish them, then stop together.
+                    share = len(micro) / len(mb)
                     with self._oom_advice(micro, prefix):
-                        (loss * (len(micro) / len(mb))).backward()
+                        (loss * share).backward()
+                    # Metrics weighted like the loss: they describe the mini-batch, whatever its micro-batches.
                     for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    count += 1
+                        sums[k] = sums.get(k, 0.0) + v * share
+                count += 1
+                if self._max_over_ranks(int(bad_loss is not None)):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self._accumulating(False)
+                    what = (f"{prefix} loss is {bad_loss}" if bad_loss is not None
+                            else f"{prefix} loss is not finite on another rank")
+                    raise TrainingDivergedError(f"{what} at optimizer step {self.optimizer_steps + 1}; the update "
+                                                f"was not applied (lower backend.lr, or check the rewards for NaN)")
                 norm = self._clip_grad()
                 if not math.isfinite(norm):
                     self.optimizer.zero_grad(set_to_none=True)
@@ -783,6 +816,21 @@ def _wants_packing(setting: str, module: torch.nn.Module) -> bool:
         return setting == "true"
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "")
     return implementation.startswith("flash_attention")
+
+
+def _split_to(groups: list[list[int]], lengths: list[int], target: int) -> list[list[int]]:
+    """``groups`` (consecutive sample indices) split until there are ``target`` of them: the group
+    with the most tokens is halved each time, keeping the samples in order."""
+    groups = [list(g) for g in groups]
+    while len(groups) < target:
+        splittable = [i for i, g in enumerate(groups) if len(g) > 1]
+        if not splittable:
+            raise RuntimeError(f"cannot split {sum(map(len, groups))} samples into {target} micro-batches: the "
+                               f"data-parallel ranks hold shards of different sizes")
+        i = max(splittable, key=lambda j: sum(lengths[k] for k in groups[j]))
+        half = len(groups[i]) // 2
+        groups[i:i + 1] = [groups[i][:half], groups[i][half:]]
+    return groups
 
 
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
