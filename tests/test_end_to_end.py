@@ -100,6 +100,19 @@ def test_user_errors_exit_2_without_traceback(run_verl):
     assert res.returncode == 2 and "pip install verl-rollout-sglang" in res.stderr
 
 
+@pytest.mark.slow
+def test_diverged_run_stops_with_the_rl_step_and_keeps_the_last_good_checkpoint(tmp_path, run_verl):
+    # lr=1e30: the first update leaves finite but enormous weights, the next rollout's probabilities are NaN.
+    out = tmp_path / "run"
+    res = run_verl("run", "--max-steps", "3", "--save-every", "1", "--output-dir", str(out), *FAST,
+                   "run.val_before_train=false", "backend.lr=1e30")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "training diverged: at RL step 2:" in res.stderr and "lower backend.lr" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert not (out / "checkpoints" / "step_000002").exists()
+
+
 def test_plugins_list_json(run_verl):
     res = run_verl("plugins", "list", "--json")
     assert res.returncode == 0, res.stderr

@@ -97,7 +97,13 @@ class HFRollout(RolloutEngine):
         else:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                           top_k=sampling.top_k if sampling.top_k > 0 else 0)
-        out = module.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        try:
+            out = module.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        except RuntimeError as exc:
+            if "probability tensor contains" not in str(exc):
+                raise
+            raise FloatingPointError("the policy's next-token probabilities are NaN/inf, so its weights have "
+                                     "diverged (lower backend.lr, or check the rewards for NaN)") from exc
         new = out.sequences[:, ids.shape[1]:]
         if sampling.logprobs and new.shape[1]:
             logits = torch.stack(out.logits, dim=1).float()

@@ -241,7 +241,12 @@ class Trainer:
             while self.step < cfg.max_steps:
                 self.step += 1
                 hook.verl_step_start(step=self.step)
-                metrics = self.run_step()
+                try:
+                    metrics = self.run_step()
+                except FloatingPointError as exc:
+                    # The backend knows its optimizer step; the user counts RL steps. No checkpoint
+                    # of this step is written: the loop ends here.
+                    raise type(exc)(f"at RL step {self.step}: {exc}") from exc
                 last.update(metrics)
                 hook.verl_step_end(step=self.step, metrics=metrics)
                 hook.verl_metrics(step=self.step, metrics=metrics)
