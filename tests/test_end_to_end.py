@@ -191,3 +191,25 @@ def test_python_api_with_loaded_model_objects(tmp_path):
     trained = dict(trainer.actor.iter_weights())
     assert any(not torch.equal(trained[k], before[k]) for k in before)  # the actor trained
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the caller's copy did not
+
+
+def test_tokenizer_without_pad_token_pads_with_eos_and_says_so(tmp_path, caplog):
+    from transformers import AutoTokenizer
+
+    from verl_core.testing import tiny_model_dir
+    from verl_core.trainer import Trainer
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.pad_token = None
+    tok.save_pretrained(model_dir)
+    assert AutoTokenizer.from_pretrained(model_dir).pad_token_id is None
+    trainer = Trainer.from_config(overrides=[*FAST, f"model.path='{model_dir}'", "run.max_steps=1",
+                                             f"run.output_dir='{tmp_path / 'run'}'", "run.loggers=[]"])
+    with caplog.at_level("WARNING", logger="verl_core.trainer"):
+        trainer.setup()
+    try:
+        assert trainer.tokenizer.pad_token_id == trainer.tokenizer.eos_token_id is not None
+        assert "has no pad token; padding with its eos token" in caplog.text
+    finally:
+        trainer.executor.shutdown()

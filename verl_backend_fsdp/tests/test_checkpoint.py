@@ -18,10 +18,10 @@ def _loss(*, batch, log_probs, entropy=None, values=None):
     return loss, {}
 
 
-def _worker(model_dir, rank=0, world_size=1, lr=1e-2, shard_single_rank=False):
+def _worker(model_dir, rank=0, world_size=1, lr=1e-2, shard_single_rank=False, eps=1e-8):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
 
-    return FSDPBackend(FSDPConfig(lr=lr, shard_single_rank=shard_single_rank)).create_worker(
+    return FSDPBackend(FSDPConfig(lr=lr, shard_single_rank=shard_single_rank, eps=eps)).create_worker(
         role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(rank=rank, world_size=world_size), seed=0)
 
 
@@ -64,6 +64,41 @@ def test_two_rank_checkpoint_loads_into_one_rank(tmp_path):
     assert worker.optimizer_steps == 2
 
 
+def _resume_at_two_ranks(rank, model_dir, port, ckpt_dir, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    worker = _worker(model_dir, rank, 2, eps=1e-5)
+    worker.load_state(ckpt_dir)
+    batch = make_batch(batch_size=8, prompt_length=4, response_length=5, vocab_size=16, advantages=True, seed=2)
+    worker.update_policy(batch.chunk(2)[rank], loss_fn=_loss, mini_batch_size=0, epochs=1)
+    weights = {k: v.clone() for k, v in worker.iter_weights()}
+    if rank == 0:
+        torch.save({"weights": weights, "optimizer_steps": worker.optimizer_steps}, out)
+    leave_process_group(worker)
+
+
+@pytest.mark.slow
+def test_one_rank_checkpoint_resumes_at_two_ranks_like_at_one(tmp_path):
+    # eps=1e-5: see test_multiprocess.py (AdamW turns rounding noise on ~zero gradients into lr-sized moves).
+    model_dir = str(tiny_model_dir(tmp_path))
+    first, second = (make_batch(batch_size=8, prompt_length=4, response_length=5, vocab_size=16, advantages=True,
+                                seed=s) for s in (1, 2))
+    one = _worker(model_dir, eps=1e-5)
+    one.update_policy(first, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    one.save_state(str(tmp_path / "ckpt"))
+    # The loss is a token-mean over the batch, and both halves hold the same number of response tokens here.
+    halves = [int(h.response_mask.sum()) for h in second.chunk(2)]
+    assert halves[0] == halves[1], halves
+    one.update_policy(second, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    expected = dict(one.iter_weights())
+    mp.start_processes(_resume_at_two_ranks, args=(model_dir, _free_port(), str(tmp_path / "ckpt"),
+                                                    str(tmp_path / "two.pt")), nprocs=2, join=True,
+                       start_method="spawn")
+    two = torch.load(tmp_path / "two.pt")
+    assert two["optimizer_steps"] == 2
+    assert max((two["weights"][k] - expected[k]).abs().max().item() for k in expected) < 1e-5
+
+
 def test_unwrapped_and_wrapped_one_rank_checkpoints_are_interchangeable(tmp_path):
     """A one-rank run trains the plain module; its checkpoint must load into an FSDP-wrapped worker
     (and so at any world size) and carry on exactly as the unwrapped worker does."""
@@ -103,6 +138,17 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
     tok.save_pretrained(bigger_dir)
     with pytest.raises(ValueError, match="different model"):
         _worker(str(bigger_dir)).load_state(str(tmp_path / "small"))
+
+
+def test_checkpoint_in_another_dtype_is_refused(tmp_path):
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    model_dir = str(tiny_model_dir(tmp_path))
+    _worker(model_dir).save_state(str(tmp_path / "fp32"))
+    bf16 = FSDPBackend(FSDPConfig()).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir, dtype="bfloat16"),
+                                                   world=WorldInfo(threads=1), seed=0)
+    with pytest.raises(ValueError, match="holds float32 weights .* loaded in bfloat16; set model.dtype=float32"):
+        bf16.load_state(str(tmp_path / "fp32"))
 
 
 def test_corrupt_or_half_written_checkpoints_are_never_taken(tmp_path):

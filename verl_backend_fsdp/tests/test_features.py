@@ -136,6 +136,18 @@ def test_out_of_memory_names_the_knobs(model_dir):
     with pytest.raises(torch.OutOfMemoryError, match="lower backend.micro_batch_size \\(now 4\\)"):
         worker.update_policy(batch, loss_fn=oom_loss, mini_batch_size=0, epochs=1)
 
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    # The no-grad passes have their own micro-batch size; the optimizer step its own remedies.
+    forward, worker._forward = worker._forward, oom
+    with pytest.raises(torch.OutOfMemoryError, match="log-prob pass .*log_prob_micro_batch_size \\(now 256\\)"):
+        worker.compute_log_probs(batch)
+    worker._forward = forward
+    worker.optimizer.step = oom
+    with pytest.raises(torch.OutOfMemoryError, match="actor optimizer step .*backend.cpu_offload"):
+        worker.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+
 
 def _updated(model_dir, batch, **cfg):
     worker = _worker(model_dir, lr=1e-2, **cfg)

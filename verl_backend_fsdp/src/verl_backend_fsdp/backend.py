@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import logging
 import math
 import os
 import random
@@ -50,6 +51,8 @@ from verl_core.interfaces import (
 __all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -400,7 +403,8 @@ class FSDPWorker(TrainingWorker):
         lps, ents = [], []
         width = batch.response_length
         for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
-            lp, ent = self._forward(micro.trim_padding(), with_entropy=with_entropy)
+            with self._oom_advice(micro, "log-prob pass"):
+                lp, ent = self._forward(micro.trim_padding(), with_entropy=with_entropy)
             lps.append(_pad_right(lp.cpu(), width))
             if ent is not None:
                 ents.append(_pad_right(ent.cpu(), width))
@@ -412,8 +416,11 @@ class FSDPWorker(TrainingWorker):
             return super().compute_values(batch)
         self.module.train(False)
         width = batch.response_length
-        return torch.cat([_pad_right(self._values_forward(m.trim_padding()).cpu(), width)
-                          for m in self._micro_batches(batch, self.config.log_prob_micro_batch_size)])
+        values = []
+        for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
+            with self._oom_advice(micro, "value pass"):
+                values.append(_pad_right(self._values_forward(micro.trim_padding()).cpu(), width))
+        return torch.cat(values)
 
     @torch.no_grad()
     def compute_scores(self, batch: Batch) -> torch.Tensor:
@@ -480,7 +487,7 @@ class FSDPWorker(TrainingWorker):
                 bad_loss: float | None = None
                 for index, micro in enumerate(micros):
                     self._accumulating(index < len(micros) - 1)
-                    with self._oom_advice(micro, prefix):
+                    with self._oom_advice(micro, f"{prefix} update"):
                         loss, metrics = micro_loss(micro)
                     if bad_loss is None and not torch.isfinite(loss):
                         bad_loss = float(loss.detach())
@@ -488,7 +495,7 @@ class FSDPWorker(TrainingWorker):
                             break
                         # Peers are in step with this rank's backward passes: finish them, then stop together.
                     share = len(micro) / len(mb)
-                    with self._oom_advice(micro, prefix):
+                    with self._oom_advice(micro, f"{prefix} update"):
                         (loss * share).backward()
                     # Metrics weighted like the loss: they describe the mini-batch, whatever its micro-batches.
                     for k, v in metrics.items():
@@ -506,7 +513,8 @@ class FSDPWorker(TrainingWorker):
                     self.optimizer.zero_grad(set_to_none=True)
                     raise TrainingDivergedError(f"{prefix} gradient norm is {norm} at optimizer step "
                                                 f"{self.optimizer_steps + 1}; the update was not applied")
-                self.optimizer.step()
+                with self._oom_advice(None, f"{prefix} optimizer step"):
+                    self.optimizer.step()
                 self.optimizer_steps += 1
                 norms.append(norm)
         out_lr = self.optimizer.param_groups[0]["lr"]  # the rate this update used
@@ -541,17 +549,31 @@ class FSDPWorker(TrainingWorker):
                                             recurse=False)
 
     @contextlib.contextmanager
-    def _oom_advice(self, micro: Batch, what: str) -> Iterator[None]:
-        """Turn an out-of-memory error into one that names the knobs to turn."""
+    def _oom_advice(self, micro: Batch | None, what: str) -> Iterator[None]:
+        """Turn an out-of-memory error into one that names the knobs to turn.
+
+        ``what`` is ``"actor update"``/``"critic update"`` (forward and backward of ``micro``),
+        ``"... optimizer step"`` (``micro`` None) or a no-grad pass such as ``"log-prob pass"``.
+        """
         try:
             yield
         except torch.OutOfMemoryError as exc:
-            width = micro.prompt_ids.shape[1] + micro.response_length
-            raise torch.OutOfMemoryError(
-                f"out of memory in the {what} update on a micro-batch of {len(micro)} samples x {width} tokens: "
-                f"lower backend.micro_batch_size (now {self.config.micro_batch_size}) or set "
-                f"backend.micro_batch_max_tokens, or enable backend.activation_checkpointing / backend.cpu_offload"
-            ) from exc
+            if micro is None:
+                message = (f"out of memory in the {what} (AdamW holds two fp32 states per trainable parameter): "
+                           f"enable backend.cpu_offload, train an adapter instead (backend.lora_rank), or add ranks")
+            else:
+                width = micro.prompt_ids.shape[1] + micro.response_length
+                size = f"a micro-batch of {len(micro)} samples x {width} tokens"
+                if what.endswith("update"):
+                    knobs = (f"lower backend.micro_batch_size (now {self.config.micro_batch_size}) or set "
+                             f"backend.micro_batch_max_tokens, or enable backend.activation_checkpointing / "
+                             f"backend.cpu_offload")
+                else:
+                    knobs = (f"lower backend.log_prob_micro_batch_size (now {self.config.log_prob_micro_batch_size}) "
+                             f"or set backend.micro_batch_max_tokens, or lower backend.logits_chunk_size (now "
+                             f"{self.config.logits_chunk_size})")
+                message = f"out of memory in the {what} on {size}: {knobs}"
+            raise torch.OutOfMemoryError(message) from exc
 
     def _clip_grad(self) -> float:
         params = [p for p in self.module.parameters() if p.grad is not None]
@@ -636,10 +658,11 @@ class FSDPWorker(TrainingWorker):
         extra = {
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "optimizer_steps": self.optimizer_steps,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": _numpy_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "world_size": self.world.world_size,
             "shapes": {k: list(v.shape) for k, v in self.module.state_dict().items()},
+            "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in self.module.state_dict().items()},
         }
         torch.save(extra, Path(path) / f"extra_rank{self.world.rank}.pt")
 
@@ -656,6 +679,13 @@ class FSDPWorker(TrainingWorker):
             diff = sorted(k for k in set(shapes) | set(extra["shapes"]) if shapes.get(k) != extra["shapes"].get(k))
             raise ValueError(f"checkpoint {path} was saved from a different model: parameters {diff[:5]} differ "
                              f"in name or shape")
+        dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in self.module.state_dict().items()}
+        saved = extra.get("dtypes", dtypes)  # checkpoints from before dtypes were recorded
+        if saved != dtypes:
+            k = next(k for k in dtypes if saved.get(k) != dtypes[k])
+            raise ValueError(f"checkpoint {path} holds {saved.get(k)} weights (e.g. {k}) but this model is loaded in "
+                             f"{dtypes[k]}; set model.dtype={saved.get(k)} to resume it (a silent cast would not "
+                             f"resume exactly)")
         if self.optimizer is not None:
             model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
             state = {"model": model_sd, "optim": optim_sd}
@@ -681,8 +711,19 @@ class FSDPWorker(TrainingWorker):
         self.optimizer_steps = extra["optimizer_steps"]
         if extra["world_size"] == self.world.world_size:
             # RNG streams are per rank: only meaningful at the same world size.
-            torch.set_rng_state(extra["rng"]["torch"])
-            random.setstate(extra["rng"]["python"])
+            rng = extra["rng"]
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            if rng.get("numpy") is not None:
+                import numpy
+
+                numpy.random.set_state(rng["numpy"])
+            if rng.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        else:
+            logger.warning("checkpoint %s was saved at world size %d, this run has %d: weights, optimizer and "
+                           "schedule are resharded exactly, random streams start afresh", path,
+                           extra["world_size"], self.world.world_size)
 
     def export_hf(self, path: str) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -816,6 +857,14 @@ def _wants_packing(setting: str, module: torch.nn.Module) -> bool:
         return setting == "true"
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "")
     return implementation.startswith("flash_attention")
+
+
+def _numpy_rng_state() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy.random.get_state()
 
 
 def _split_to(groups: list[list[int]], lengths: list[int], target: int) -> list[list[int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import random
 import time
@@ -128,6 +129,9 @@ class Trainer:
             if self.tokenizer.eos_token_id is None:
                 raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
             self.tokenizer.pad_token = self.tokenizer.eos_token
+            logging.getLogger(__name__).warning(
+                "the tokenizer at %r has no pad token; padding with its eos token %r (padded positions are masked "
+                "out, so this changes nothing learned)", tok_path, self.tokenizer.eos_token)
         self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
 
