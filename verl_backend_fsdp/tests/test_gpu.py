@@ -1,4 +1,4 @@
-"""The FSDP backend on a CUDA device: fp32 exactness, CPU offload, bf16 and packed sequences.
+"""The FSDP backend on a CUDA device: fp32 exactness, CPU offload (all roles or the reference), bf16, packing.
 
 Marked ``gpu`` and skipped without CUDA (CI and the development machines have none). On a GPU
 machine with PyTorch, transformers and peft, no installation is needed::
@@ -73,6 +73,22 @@ def test_cpu_offload_keeps_state_on_the_host_and_trains_the_same(model_dir, plai
     state = [t for s in worker.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
     assert state and all((t.to_local() if hasattr(t, "to_local") else t).device.type == "cpu" for t in state)
     assert _max_diff(weights, plain) < 1e-5
+
+
+def test_reference_cpu_offload_offloads_only_the_reference(model_dir):
+    from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
+
+    backend = FSDPBackend(FSDPConfig(reference_cpu_offload=True))
+    world = WorldInfo(device="cuda", threads=1)
+    reference = backend.create_worker(role=Role.REFERENCE, model=ModelSpec(path=model_dir), world=world, seed=0)
+    actor = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir), world=world, seed=0)
+    assert all(p.to_local().device.type == "cpu" for p in reference.module.parameters())
+    assert all(p.device.type == "cuda" for p in actor.module.parameters())
+    batch = make_batch(batch_size=8, prompt_length=7, response_length=9, vocab_size=16, seed=6)
+    mask = batch.response_attention_mask.bool()
+    a = reference.compute_log_probs(batch).log_probs
+    b = actor.compute_log_probs(batch).log_probs
+    assert (a[mask] - b[mask]).abs().max() < 1e-5
 
 
 def test_bf16_compute_with_fp32_master_weights(model_dir, plain):

@@ -69,6 +69,9 @@ class FSDPConfig(BackendConfig):
         reduce_dtype: dtype of gradient reduction across ranks.
         activation_checkpointing: recompute layer activations in backward to save memory.
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU (GPU runs).
+        reference_cpu_offload: the same for the reference model only (it has no gradients or
+            optimizer state, and is used once per step): the cheap way to keep a frozen copy of
+            the initial policy when GPU memory is tight. GPU runs; ignored on CPU.
         reshard_after_forward: free gathered parameters after each layer's forward.
         micro_batch_max_tokens: dynamic batching: pack consecutive samples into micro-batches of
             at most this many real tokens instead of a fixed ``micro_batch_size`` (0 disables).
@@ -110,6 +113,7 @@ class FSDPConfig(BackendConfig):
     reduce_dtype: str = "float32"
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    reference_cpu_offload: bool = False
     reshard_after_forward: bool = True
     micro_batch_max_tokens: int = 0
     lora_rank: int = 0
@@ -250,7 +254,8 @@ class FSDPWorker(TrainingWorker):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (world.world_size,))
-        offload = config.cpu_offload and self.device.type == "cuda"
+        offload = (config.cpu_offload or (config.reference_cpu_offload and role is Role.REFERENCE)
+                   ) and self.device.type == "cuda"
         model_dtype = next(module.parameters()).dtype
         self.sharded = (world.world_size > 1 or config.shard_single_rank or offload
                         or _DTYPES[config.param_dtype] != model_dtype)
