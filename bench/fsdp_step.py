@@ -24,17 +24,25 @@ import time
 from pathlib import Path
 
 # "backend" holds FSDPConfig fields. At one rank the backend trains the plain module by default
-# (shard_single_rank=False); the wrapped row shows what FSDP itself costs there, and the
-# release_host_memory rows what handing freed memory back to the OS after each update costs.
+# (shard_single_rank=False); the wrapped row shows what FSDP itself costs there. Each FSDP row has a
+# plain-PyTorch row doing the same work: activation checkpointing through the model's own
+# gradient_checkpointing_enable, two ranks as fully_shard applied by hand (per decoder layer and
+# the root, as the backend does). DistributedDataParallel at two ranks shows what sharding itself
+# costs on gloo (all-gathers in forward and backward instead of one all-reduce).
 CONFIGS = {
     "raw-pytorch ws1": {"kind": "raw", "ws": 1},
     "fsdp ws1": {"kind": "fsdp", "ws": 1, "backend": {}},
-    "fsdp ws1 release_host_memory=true": {"kind": "fsdp", "ws": 1, "backend": {"release_host_memory": True}},
     "fsdp ws1 wrapped (shard_single_rank)": {"kind": "fsdp", "ws": 1, "backend": {"shard_single_rank": True}},
+    "raw-pytorch ws1 +act-ckpt": {"kind": "raw", "ws": 1, "act_ckpt": True},
     "fsdp ws1 +act-ckpt": {"kind": "fsdp", "ws": 1, "backend": {"activation_checkpointing": True}},
+    "raw-pytorch ws2 (DDP)": {"kind": "raw", "ws": 2},
+    "raw-pytorch ws2 (fully_shard)": {"kind": "raw", "ws": 2, "shard": True},
     "fsdp ws2": {"kind": "fsdp", "ws": 2, "backend": {}},
-    "fsdp ws2 release_host_memory=true": {"kind": "fsdp", "ws": 2, "backend": {"release_host_memory": True}},
 }
+# Which raw row each FSDP row is measured against.
+BASELINE = {"fsdp ws1": "raw-pytorch ws1", "fsdp ws1 wrapped (shard_single_rank)": "raw-pytorch ws1",
+            "fsdp ws1 +act-ckpt": "raw-pytorch ws1 +act-ckpt", "fsdp ws2": "raw-pytorch ws2 (fully_shard)",
+            "raw-pytorch ws2 (fully_shard)": "raw-pytorch ws2 (DDP)"}
 BATCH, PROMPT, RESPONSE = 8, 32, 64
 WARMUP = 2
 MEASURES = ("times", "cpu", "faults")  # per step: wall seconds, CPU seconds, minor page faults
@@ -91,27 +99,50 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def run_raw(model_dir: str, steps: int) -> dict[str, list[float]]:
-    """The floor: the same forward/backward/clip/AdamW step written directly against the model."""
+def run_raw(rank: int, ws: int, model_dir: str, steps: int, settings: dict, port: int, out: str) -> None:
+    """The floor: the same forward/backward/clip/AdamW step written directly against the model
+    (at two ranks wrapped in DistributedDataParallel or fully_shard, each rank on its half of the batch)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if settings.get("act_ckpt"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
+    net = model
+    if ws > 1:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=ws)
+        if settings.get("shard"):
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+        else:
+            net = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    batch = make_batch()
+    batch = make_batch().chunk(ws)[rank]
     ids = batch.input_ids
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
+        logits = net(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
         lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
         loss, _ = loss_fn(batch=batch, log_probs=lp)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # a DTensor norm over all shards when sharded
         opt.step()
 
-    return timed_steps(step, steps)
+    measured = timed_steps(step, steps)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    Path(out, f"rank{rank}.json").write_text(json.dumps({**measured, "rss_gb": rss}))
+    if ws > 1:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, port: int, out: str) -> None:
@@ -156,22 +187,21 @@ def measure(name: str, model_dir: str, steps: int, env: dict[str, str] | None = 
 
 
 def child(name: str, model_dir: str, steps: int, out: str) -> None:
-    import torch
-
-    torch.set_num_threads(1)
     cfg = CONFIGS[name]
-    if cfg["kind"] == "raw":
-        measured = run_raw(model_dir, steps)
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        Path(out, "rank0.json").write_text(json.dumps({**measured, "rss_gb": rss}))
-        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if cfg["kind"] == "raw":
+        fn, settings = run_raw, cfg
+    else:
+        fn, settings = run_fsdp, cfg["backend"]
+    if cfg["ws"] == 1:
+        fn(0, 1, model_dir, steps, settings, port, out)
+        return
     import torch.multiprocessing as mp
 
-    mp.start_processes(run_fsdp, args=(cfg["ws"], model_dir, steps, cfg["backend"], port, out), nprocs=cfg["ws"],
-                       join=True, start_method="spawn")
+    mp.start_processes(fn, args=(cfg["ws"], model_dir, steps, settings, port, out), nprocs=cfg["ws"], join=True,
+                       start_method="spawn")
 
 
 def main() -> None:
@@ -181,7 +211,13 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--steps", type=int, default=6, help=f"steps per run, the first {WARMUP} untimed")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
+    ap.add_argument("--results", default=str(Path(__file__).parent / "results" / "fsdp_step.md"))
     args = ap.parse_args()
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(CONFIGS)
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+        ap.error(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
     if args.child:
         child(args.child, args.model_dir, args.steps, args.out)
         return
@@ -190,19 +226,23 @@ def main() -> None:
         build_model_dir(Path(model_dir))
         from transformers import AutoConfig
 
-        results: dict[str, dict] = {n: {**{k: [] for k in MEASURES}, "rss_gb": []} for n in CONFIGS}
+        results: dict[str, dict] = {n: {**{k: [] for k in MEASURES}, "rss_gb": []} for n in names}
+        rounds: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.rounds):
-            for name in CONFIGS:  # alternate configurations every round
+            for name in names:  # alternate configurations every round
                 m = measure(name, model_dir, args.steps)
                 for key in MEASURES:
                     results[name][key] += m[key]
                 results[name]["rss_gb"].append(m["rss_gb"])
+                rounds[name].append({k: statistics.median(m[k]) for k in ("times", "cpu")})
                 print(f"round {r + 1} {name}: median {statistics.median(m['times']):.3f}s wall, "
                       f"{statistics.median(m['cpu']):.3f}s CPU", flush=True)
         n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(model_dir)).parameters())
+    # The measurements first, so that nothing is lost if the table below fails.
+    Path(args.results).with_suffix(".json").write_text(json.dumps({"results": results, "rounds": rounds}))
     med = {name: {k: statistics.median(r[k]) for k in MEASURES} for name, r in results.items()}
-    raw = med["raw-pytorch ws1"]
+    raw = med.get("raw-pytorch ws1") or next(iter(med.values()))
     lines = [
         "# FSDP actor update vs plain PyTorch",
         "",
@@ -211,29 +251,34 @@ def main() -> None:
         f"process. {args.rounds} alternating rounds x {args.steps - WARMUP} timed steps each (after {WARMUP} warm-up "
         f"steps). CPU time: the process's user + system time in the step (the busiest rank's), which time the VM "
         f"host takes from this machine does not inflate.",
-        f"Command: `python bench/fsdp_step.py --rounds {args.rounds} --steps {args.steps}`; "
+        f"Command: `python bench/fsdp_step.py --rounds {args.rounds} --steps {args.steps}"
+        f"{' --only ' + repr(args.only) if args.only else ''}`; "
         f"date {time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPU cores.",
         "",
-        "| configuration | processes | median step (s) | vs raw | median CPU (s) | vs raw | minor page faults / step "
-        "| peak RSS, all ranks (GiB) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| configuration | processes | median step (s) | vs raw ws1 | median CPU (s) | vs raw ws1 | overhead vs its "
+        "raw row (wall / CPU) | minor page faults / step | peak RSS, all ranks (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def over(m: dict, base: dict, key: str) -> str:
+        return "" if m is base else f"{(m[key] - base[key]) / base[key] * 100:+.1f}%"
+
     for name, m in med.items():
+        base = med.get(BASELINE.get(name, name), m)  # a row whose baseline was left out (--only) gets none
         lines.append(f"| {name} | {CONFIGS[name]['ws']} | {m['times']:.3f} | {m['times'] / raw['times']:.3f}x | "
-                     f"{m['cpu']:.3f} | {m['cpu'] / raw['cpu']:.3f}x | {m['faults']:.0f} | "
+                     f"{m['cpu']:.3f} | {m['cpu'] / raw['cpu']:.3f}x | "
+                     f"{over(m, base, 'times')} / {over(m, base, 'cpu')} | {m['faults']:.0f} | "
                      f"{max(results[name]['rss_gb']):.2f} |")
-
-    def over(name: str, key: str = "times", base: dict = raw) -> str:
-        return f"{(med[name][key] - base[key]) / base[key] * 100:+.1f}%"
-
-    lines += ["", f"Framework overhead at world size 1 (the default: unwrapped module, no malloc_trim): (ours - raw) / "
-                  f"raw = {over('fsdp ws1')} wall, {over('fsdp ws1', 'cpu')} CPU; handing memory back after each "
-                  f"update (release_host_memory=true): {over('fsdp ws1 release_host_memory=true')} wall, "
-                  f"{over('fsdp ws1 release_host_memory=true', 'cpu')} CPU; FSDP-wrapped at one rank: "
-                  f"{over('fsdp ws1 wrapped (shard_single_rank)')} wall. At two ranks release_host_memory=true costs "
-                  f"{over('fsdp ws2 release_host_memory=true', 'times', med['fsdp ws2'])} wall, "
-                  f"{over('fsdp ws2 release_host_memory=true', 'cpu', med['fsdp ws2'])} CPU."]
-    out = Path(__file__).parent / "results" / "fsdp_step.md"
+    lines += ["", "Framework overhead: (ours - raw) / raw against the plain-PyTorch row doing the same work (wall / "
+                  "CPU time); BASELINE in the script pairs them. The one-rank default trains the unwrapped module.",
+              "", "The same ratio within each round (the two runs measured minutes apart, not across the whole run), "
+                  "wall / CPU:", ""]
+    for name, base_name in BASELINE.items():
+        if name in rounds and base_name in rounds:
+            pairs = [f"{a['times'] / b['times'] - 1:+.1%} / {a['cpu'] / b['cpu'] - 1:+.1%}"
+                     for a, b in zip(rounds[name], rounds[base_name])]
+            lines.append(f"- {name} vs {base_name}: {', '.join(pairs)}")
+    out = Path(args.results)
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
