@@ -148,6 +148,10 @@ def vllm_settings() -> None:
         "vllm, all 512 sequences in one batch (max_num_seqs 512, 16384 batched tokens)": VLLMRolloutConfig(
             **base, max_num_seqs=512, engine_kwargs={"max_num_batched_tokens": 16384}),
         "vllm, engine core in a child process (multiprocessing)": VLLMRolloutConfig(**base, multiprocessing=True),
+        # Prompts of ~15 tokens never fill a KV block, so the prefix cache cannot hit here anyway.
+        "vllm, prefix caching off": VLLMRolloutConfig(**base, enable_prefix_caching=False),
+        "vllm, async scheduling (all 512 in one batch)": VLLMRolloutConfig(
+            **base, max_num_seqs=512, engine_kwargs={"max_num_batched_tokens": 16384, "async_scheduling": True}),
     }
     engines: dict[str, Any] = {name: VLLMRollout(config=cfg, model=ModelSpec(path=builtin), tokenizer=tok)
                                for name, cfg in settings.items()}
