@@ -182,3 +182,15 @@ def test_keep_prunes_old_checkpoints(tmp_path):
         manager.save(step, lambda d: (d / "f").write_text("x"), info={})
     assert [p.name for p in manager.complete()] == ["step_000002", "step_000003"]
     assert CheckpointManager.resolve(tmp_path).name == "step_000003"
+
+
+def test_resumed_worker_follows_its_own_learning_rate(tmp_path):
+    model_dir = str(tiny_model_dir(tmp_path))
+    batch = make_batch(batch_size=4, prompt_length=4, response_length=5, vocab_size=16, advantages=True, seed=1)
+    saved = _worker(model_dir, lr=1e-2)
+    saved.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)
+    saved.save_state(str(tmp_path / "ckpt"))
+    resumed = _worker(model_dir, lr=1e-3)  # the user lowered backend.lr before resuming
+    resumed.load_state(str(tmp_path / "ckpt"))
+    rates = [resumed.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)["actor/lr"] for _ in range(2)]
+    assert rates == [1e-3, 1e-3]

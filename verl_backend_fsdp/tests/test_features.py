@@ -318,3 +318,29 @@ def test_gradient_clipping_bounds_the_applied_update(model_dir):
     # The reported norm is the one before clipping; the optimizer saw gradients scaled to 1e-3.
     assert norms["clipped"][0] == pytest.approx(norms["free"][0], rel=1e-5)
     assert norms["clipped"][1] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_nan_in_a_later_micro_batch_leaves_no_gradient_behind(model_dir):
+    """A NaN on micro-batch 2 of 2 of a wrapped one-rank worker: the update is refused, and the next
+    update is exactly a fresh worker's (no gradients of micro-batch 1 kept in FSDP's unsharded
+    parameters, where zero_grad does not reach)."""
+    from verl_backend_fsdp.backend import TrainingDivergedError
+
+    batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, seed=7, advantages=True)
+
+    def nan_in_second_half(*, batch, log_probs, entropy=None, values=None):
+        loss, metrics = _loss(batch=batch, log_probs=log_probs)
+        return (loss * float("nan") if bool(batch.advantages[0, 0] == 99.0) else loss), metrics
+
+    poisoned_adv = batch.advantages.clone()
+    poisoned_adv[4:] = 99.0
+    poisoned = batch.replace(advantages=poisoned_adv)
+    hit = _worker(model_dir, lr=1e-2, micro_batch_size=4, shard_single_rank=True)
+    with pytest.raises(TrainingDivergedError, match="loss is nan at optimizer step 1"):
+        hit.update_policy(poisoned, loss_fn=nan_in_second_half, mini_batch_size=0, epochs=1)
+    fresh = _worker(model_dir, lr=1e-2, micro_batch_size=4, shard_single_rank=True)
+    norms = [w.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)["actor/grad_norm"]
+             for w in (hit, fresh)]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-6)
+    a, b = dict(hit.iter_weights()), dict(fresh.iter_weights())
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-7

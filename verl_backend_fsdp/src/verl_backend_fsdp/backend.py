@@ -335,15 +335,20 @@ class FSDPWorker(TrainingWorker):
         if self.world.world_size > 1:
             # Every micro-batch is a round of FSDP collectives: ranks whose samples pack into fewer
             # micro-batches split theirs further, or their peers would wait forever.
-            groups = _split_to(groups, lengths, self._max_over_ranks(len(groups)))
+            target, fewest = self._max_over_ranks(len(groups), -len(lengths))
+            if -fewest < target:  # every rank raises, none is left waiting in a collective
+                raise RuntimeError(f"a rank holds {-fewest} samples but another packs into {target} micro-batches: "
+                                   f"the data-parallel ranks were given shards of different sizes")
+            groups = _split_to(groups, lengths, target)
         return [batch.select(g) for g in groups]
 
-    def _max_over_ranks(self, value: int) -> int:
-        if self.world.world_size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+    def _max_over_ranks(self, *values: int) -> Any:
+        """The largest of each value over all ranks (one all-reduce); one value in, one out."""
+        if self.world.world_size > 1:
+            t = torch.tensor(values, dtype=torch.int64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            values = tuple(int(v) for v in t.tolist())
+        return values[0] if len(values) == 1 else values
 
     def _rank_mini_batch(self, mini_batch_size: int, rank_samples: int) -> int:
         """Samples per optimizer step on this rank. ``mini_batch_size`` counts samples over all
@@ -353,8 +358,9 @@ class FSDPWorker(TrainingWorker):
             return rank_samples
         ranks = self.world.world_size
         if mini_batch_size % ranks:
+            example = ranks * max(1, mini_batch_size // ranks)
             raise ValueError(f"algorithm.mini_batch_size={mini_batch_size} is not a multiple of the {ranks} "
-                             f"data-parallel ranks; set it to a multiple, e.g. {ranks * max(1, mini_batch_size // ranks)}")
+                             f"data-parallel ranks; set it to a multiple, e.g. {example}")
         return mini_batch_size // ranks
 
     def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -433,8 +439,11 @@ class FSDPWorker(TrainingWorker):
             return super().compute_scores(batch)
         self._check_length(batch)
         self.module.train(False)
-        return torch.cat([self._scores_forward(m.trim_padding()).cpu()
-                          for m in self._micro_batches(batch, self.config.log_prob_micro_batch_size)])
+        scores = []
+        for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
+            with self._oom_advice(micro, "reward-model pass"):
+                scores.append(self._scores_forward(micro.trim_padding()).cpu())
+        return torch.cat(scores)
 
     def _scores_forward(self, batch: Batch) -> torch.Tensor:
         input_ids = batch.input_ids.to(self.device)
@@ -495,10 +504,10 @@ class FSDPWorker(TrainingWorker):
                     with self._oom_advice(micro, f"{prefix} update"):
                         loss, metrics = micro_loss(micro)
                     if bad_loss is None and not torch.isfinite(loss):
+                        # Finish the backward passes anyway: peers are in step with them, and the last
+                        # one ends a one-rank FSDP accumulation (its unsharded gradients would outlive
+                        # zero_grad otherwise). Then all ranks stop together, below.
                         bad_loss = float(loss.detach())
-                        if self.world.world_size == 1:
-                            break
-                        # Peers are in step with this rank's backward passes: finish them, then stop together.
                     share = len(micro) / len(mb)
                     with self._oom_advice(micro, f"{prefix} update"):
                         (loss * share).backward()
@@ -575,8 +584,9 @@ class FSDPWorker(TrainingWorker):
                              f"backend.cpu_offload")
                 else:
                     knobs = (f"lower backend.log_prob_micro_batch_size (now {self.config.log_prob_micro_batch_size}) "
-                             f"or set backend.micro_batch_max_tokens, or lower backend.logits_chunk_size (now "
-                             f"{self.config.logits_chunk_size})")
+                             f"or set backend.micro_batch_max_tokens")
+                    if what == "log-prob pass":
+                        knobs += f", or lower backend.logits_chunk_size (now {self.config.logits_chunk_size})"
                 message = f"out of memory in the {what} on {size}: {knobs}"
             raise torch.OutOfMemoryError(message) from exc
 
@@ -710,9 +720,12 @@ class FSDPWorker(TrainingWorker):
             self.scheduler.load_state_dict(extra["scheduler"])
             # The rate for the next step follows this run's schedule (a run resumed with a larger
             # run.max_steps stretches its cosine), not the rate the saved run had set for itself.
+            # backend.lr (critic_lr) of this run too: the scheduler's saved base rates are replaced.
+            lr = self.config.lr if self.role is Role.ACTOR else self.config.critic_lr
+            self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
             factor = self._lr_factor(self.scheduler.last_epoch)
-            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-                group["lr"] = base * factor
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr * factor
         self.optimizer_steps = extra["optimizer_steps"]
         if extra["world_size"] == self.world.world_size:
             # RNG streams are per rank: only meaningful at the same world size.
@@ -725,7 +738,7 @@ class FSDPWorker(TrainingWorker):
                 numpy.random.set_state(rng["numpy"])
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
-        else:
+        elif self.world.rank == 0:
             logger.warning("checkpoint %s was saved at world size %d, this run has %d: weights, optimizer and "
                            "schedule are resharded exactly, random streams start afresh", path,
                            extra["world_size"], self.world.world_size)

@@ -441,7 +441,8 @@ class AlgorithmConfig:
         loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or
             ``"seq-mean-token-sum-norm"``.
         epochs: passes over each batch per step.
-        mini_batch_size: samples per optimizer step (0 = the whole batch, one step per epoch).
+        mini_batch_size: samples per optimizer step, counted over all data-parallel ranks (each
+            rank steps on its equal share; 0 = the whole batch, one step per epoch).
         use_rollout_log_probs: take old log-probs from the rollout engine instead of recomputing.
         rollout_is_cap: truncated importance sampling between rollout and training log-probs: each
             token's policy-gradient loss is weighted by ``min(exp(old - rollout log-prob), cap)``,

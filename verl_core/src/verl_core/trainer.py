@@ -250,7 +250,12 @@ class Trainer:
                 except FloatingPointError as exc:
                     # The backend knows its optimizer step; the user counts RL steps. No checkpoint
                     # of this step is written: the loop ends here.
-                    raise type(exc)(f"at RL step {self.step}: {exc}") from exc
+                    message = f"at RL step {self.step}: {exc}"
+                    try:
+                        again = type(exc)(message)  # same type, so callers catching it still do
+                    except Exception:  # a subclass with another constructor
+                        again = FloatingPointError(message)
+                    raise again from exc
                 last.update(metrics)
                 hook.verl_step_end(step=self.step, metrics=metrics)
                 hook.verl_metrics(step=self.step, metrics=metrics)
