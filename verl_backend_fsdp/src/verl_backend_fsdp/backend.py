@@ -676,8 +676,7 @@ class FSDPWorker(TrainingWorker):
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": _numpy_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "world_size": self.world.world_size,
-            "shapes": {k: list(v.shape) for k, v in self.module.state_dict().items()},
-            "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in self.module.state_dict().items()},
+            **_shapes_and_dtypes(self.module),
         }
         torch.save(extra, Path(path) / f"extra_rank{self.world.rank}.pt")
 
@@ -689,12 +688,12 @@ class FSDPWorker(TrainingWorker):
         if not extra_path.is_file():
             extra_path = Path(path) / "extra_rank0.pt"
         extra = torch.load(extra_path, weights_only=False)
-        shapes = {k: list(v.shape) for k, v in self.module.state_dict().items()}
+        here = _shapes_and_dtypes(self.module)
+        shapes, dtypes = here["shapes"], here["dtypes"]
         if extra["shapes"] != shapes:
             diff = sorted(k for k in set(shapes) | set(extra["shapes"]) if shapes.get(k) != extra["shapes"].get(k))
             raise ValueError(f"checkpoint {path} was saved from a different model: parameters {diff[:5]} differ "
                              f"in name or shape")
-        dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in self.module.state_dict().items()}
         saved = extra.get("dtypes", dtypes)  # checkpoints from before dtypes were recorded
         if saved != dtypes:
             k = next(k for k in dtypes if saved.get(k) != dtypes[k])
@@ -875,6 +874,13 @@ def _wants_packing(setting: str, module: torch.nn.Module) -> bool:
         return setting == "true"
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "")
     return implementation.startswith("flash_attention")
+
+
+def _shapes_and_dtypes(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """What a checkpoint records of each parameter and buffer, and a load compares with."""
+    state = module.state_dict()
+    return {"shapes": {k: list(v.shape) for k, v in state.items()},
+            "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in state.items()}}
 
 
 def _numpy_rng_state() -> Any:
