@@ -22,6 +22,26 @@ def token_mean_loss(*, batch, log_probs, entropy=None, values=None):
     return loss, {"loss": float(loss.detach())}
 
 
+_POISON = 99.0
+
+
+def poison_second_half(batch):
+    """``batch`` with its second half marked (advantages set to a sentinel) for :func:`nan_where_poisoned`."""
+    adv = batch.advantages.clone()
+    adv[len(batch) // 2:] = _POISON
+    return batch.replace(advantages=adv)
+
+
+def nan_where_poisoned(loss_fn):
+    """``loss_fn``, but NaN (still attached to the graph) on a micro-batch or shard that starts with a marked sample."""
+
+    def loss(*, batch, log_probs, entropy=None, values=None):
+        value, metrics = loss_fn(batch=batch, log_probs=log_probs)
+        return (value * float("nan") if bool(batch.advantages[0, 0] == _POISON) else value), metrics
+
+    return loss
+
+
 def response_log_probs(model, batch, device: str = "cpu") -> torch.Tensor:
     """Log-probs of ``batch``'s response tokens under a plain Hugging Face model."""
     R = batch.response_ids.shape[1]

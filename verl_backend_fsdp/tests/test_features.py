@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from fsdp_test_utils import nan_where_poisoned, poison_second_half
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
 
@@ -328,16 +329,9 @@ def test_nan_in_a_later_micro_batch_leaves_no_gradient_behind(model_dir):
 
     batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, seed=7, advantages=True)
 
-    def nan_in_second_half(*, batch, log_probs, entropy=None, values=None):
-        loss, metrics = _loss(batch=batch, log_probs=log_probs)
-        return (loss * float("nan") if bool(batch.advantages[0, 0] == 99.0) else loss), metrics
-
-    poisoned_adv = batch.advantages.clone()
-    poisoned_adv[4:] = 99.0
-    poisoned = batch.replace(advantages=poisoned_adv)
     hit = _worker(model_dir, lr=1e-2, micro_batch_size=4, shard_single_rank=True)
     with pytest.raises(TrainingDivergedError, match="loss is nan at optimizer step 1"):
-        hit.update_policy(poisoned, loss_fn=nan_in_second_half, mini_batch_size=0, epochs=1)
+        hit.update_policy(poison_second_half(batch), loss_fn=nan_where_poisoned(_loss), mini_batch_size=0, epochs=1)
     fresh = _worker(model_dir, lr=1e-2, micro_batch_size=4, shard_single_rank=True)
     norms = [w.update_policy(batch, loss_fn=_loss, mini_batch_size=0, epochs=1)["actor/grad_norm"]
              for w in (hit, fresh)]

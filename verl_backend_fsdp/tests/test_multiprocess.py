@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fsdp_test_utils import full_length_batch as _batch  # same tokens on every rank: one shared objective
-from fsdp_test_utils import leave_process_group
+from fsdp_test_utils import leave_process_group, nan_where_poisoned, poison_second_half
 from fsdp_test_utils import token_mean_loss as _loss
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
 from verl_core.testing import tiny_model_dir
@@ -46,11 +46,6 @@ def _sample_mean_loss(*, batch, log_probs, entropy=None, values=None):
     return loss, {"loss": float(loss.detach())}
 
 
-def _nan_on_rank_one_loss(*, batch, log_probs, entropy=None, values=None):
-    loss, metrics = _loss(batch=batch, log_probs=log_probs)
-    return (loss * float("nan") if bool(batch.advantages[0, 0] == 99.0) else loss), metrics
-
-
 def _scenario(name: str, rank: int, world_size: int, model_dir: str) -> dict:
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig, TrainingDivergedError
 
@@ -74,10 +69,8 @@ def _scenario(name: str, rank: int, world_size: int, model_dir: str) -> dict:
             else:
                 batch, loss_fn, mini = _batch(step), _loss, 0
             if name == "nan":
-                adv = batch.advantages.clone()
-                adv[4:] = 99.0  # rank 1's half: its loss is NaN, rank 0's is not
-                batch = batch.replace(advantages=adv)
-                loss_fn = _nan_on_rank_one_loss
+                batch = poison_second_half(batch)  # rank 1's half: its loss is NaN, rank 0's is not
+                loss_fn = nan_where_poisoned(_loss)
             shard = batch.chunk(world_size)[rank]  # what a "split" dispatch hands each rank
             if name == "budget":
                 out["micro_batches"] = len(worker._micro_batches(shard, 8))

@@ -516,8 +516,7 @@ class FSDPWorker(TrainingWorker):
                         sums[k] = sums.get(k, 0.0) + v * share
                 count += 1
                 if self._max_over_ranks(int(bad_loss is not None)):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self._accumulating(False)
+                    self.optimizer.zero_grad(set_to_none=True)  # the last micro-batch ended any accumulation
                     what = (f"{prefix} loss is {bad_loss}" if bad_loss is not None
                             else f"{prefix} loss is not finite on another rank")
                     raise TrainingDivergedError(f"{what} at optimizer step {self.optimizer_steps + 1}; the update "
