@@ -1,8 +1,9 @@
-"""Generic capabilities algorithm plugins build on: per-sample batch extras, dynamic sampling,
-greedy baselines and batches built from data.
+"""Generic capabilities algorithm plugins build on: per-sample batch extras, the rollout stage's
+dynamic sampling and greedy baselines, and batches built from data.
 
-The generation tests use the real Hugging Face rollout on a freshly initialised tiny model and the
-real reward manager; only the filters are test algorithms, so that which groups survive is known.
+The rollout-stage tests use the real Hugging Face rollout on a freshly initialised tiny model and an
+exact-match scorer (the core holds only the scorer contract; the reward manager is verl-rewards');
+only the filters are test filters, so that which groups survive is known.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.dataflow import Dataflow, DataflowBuilder, DataflowError, Node, StepContext
-from verl_core.interfaces import Algorithm, AlgorithmConfig, ModelSpec, SamplingParams
+from verl_core.interfaces import ModelSpec, RewardScorer, RolloutRequest, SamplingParams
 from verl_core.testing import make_batch, tiny_model_dir
 
 torch.set_num_threads(1)
@@ -87,28 +88,25 @@ def test_update_actor_reads_are_declared_by_the_algorithm():
     df = DataflowBuilder()
     df.batch_from_data(lambda ctx: make_batch())
     df.node("ref", lambda ctx: None, writes=("ref_log_probs",))
-    df.update_actor(_KeepGroups(AlgorithmConfig(), keep=lambda round_, gids: gids), reads=("ref_log_probs",))
+    from verl_core.algorithms.grpo import GRPO
+
+    df.update_actor(GRPO(GRPO.Config()), reads=("ref_log_probs",))
     flow = df.build()
     assert [[n.name for n in level] for level in flow.levels] == [["batch_from_data"], ["ref"], ["update_actor"]]
 
 
-# --------------------------------------------------------------------------- generation nodes
-class _KeepGroups(Algorithm):
-    """A test algorithm whose filter keeps the groups ``keep(round, group_ids)`` names."""
+# --------------------------------------------------------------------------- the rollout stage
+class _KeepGroups:
+    """A test filter that keeps the groups ``keep(round, group_ids)`` names."""
 
-    def __init__(self, config, keep):
-        super().__init__(config)
+    def __init__(self, keep):
         self.keep = keep
         self.round = 0
 
-    def filter_batch(self, batch):
+    def __call__(self, batch):
         wanted = set(self.keep(self.round, sorted(set(batch.group_ids.tolist()))))
         self.round += 1
         return batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in wanted])
-
-    def compute_advantages(self, batch):
-        zeros = torch.zeros(batch.response_ids.shape)
-        return zeros, zeros
 
 
 @pytest.fixture(scope="module")
@@ -117,22 +115,35 @@ def engine_and_rows(tmp_path_factory):
 
     from verl_core.data import tokenize_rows
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
-    from verl_core.tasks.arithmetic import make_dataset
 
-    model_dir = tiny_model_dir(tmp_path_factory.mktemp("capabilities"))
+    tmp = tmp_path_factory.mktemp("capabilities")
+    model_dir = tiny_model_dir(tmp)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=model_dir), tokenizer=tokenizer, actor=None)
-    train, _ = make_dataset(seed=0)
-    rows, _ = tokenize_rows(train[:40], tokenizer, prompt_key="prompt", answer_key="answer", max_prompt_length=64,
+    sums = [{"data_source": "sums", "prompt": [{"role": "user", "content": f"{a}+{a + 3}="}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(2 * a + 3)}, "extra_info": {"index": a}}
+            for a in range(10, 50)]
+    rows, _ = tokenize_rows(sums, tokenizer, prompt_key="prompt", answer_key="answer", max_prompt_length=64,
                             overlong="filter", apply_chat_template=True, source="test")
-    yield engine, rows
+    yield engine, rows, ExactScorer(config=None, registry=None, tokenizer=tokenizer)
     engine.close()
 
 
-def _context(engine, rows, algorithm, *, batch_prompts=4, n=2):
-    from verl_core.registry import PluginRegistry
-    from verl_core.rewards import RewardManager
+class ExactScorer(RewardScorer):
+    """1 when the decoded response is the ground truth: the rollout stage's side of a scorer."""
 
+    def score(self, batch):
+        texts = self.tokenizer.batch_decode(
+            [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_attention_mask)],
+            skip_special_tokens=True)
+        return self.score_texts(texts, batch.meta)
+
+    def score_texts(self, responses, meta):
+        truths = meta["ground_truth"]
+        return torch.tensor([float(r.strip() == str(t).strip()) for r, t in zip(responses, truths)]), {}
+
+
+def _context(engine, rows, reward, *, batch_prompts=4, n=2):
     pool = iter(range(batch_prompts, len(rows), batch_prompts))
     drawn = []
 
@@ -141,24 +152,24 @@ def _context(engine, rows, algorithm, *, batch_prompts=4, n=2):
         drawn.append(start)
         return rows[start:start + batch_prompts]
 
-    ctx = StepContext(step=1, prompts=rows[:batch_prompts], algorithm=algorithm, actor=None, rollout=engine,
-                      reward=RewardManager(registry=PluginRegistry(), tokenizer=engine.tokenizer),
+    ctx = StepContext(step=1, prompts=rows[:batch_prompts], algorithm=None, actor=None, rollout=engine,
+                      reward=reward,
                       sampling=SamplingParams(n=n, max_new_tokens=4, seed=3), tokenizer=engine.tokenizer,
                       draw_prompts=draw)
     return ctx, drawn
 
 
-def _run_generate_until_full(ctx, algorithm, max_extra_rounds):
+def _run_generate_until_full(ctx, keep, max_extra_rounds):
     df = DataflowBuilder()
-    df.generate_until_full(algorithm, max_extra_rounds=max_extra_rounds)
+    df.rollout(RolloutRequest(filter=keep, max_extra_rounds=max_extra_rounds))
     return df.build().run(ctx)
 
 
 def test_generate_until_full_draws_more_prompts_until_the_batch_is_full(engine_and_rows):
-    engine, rows = engine_and_rows
+    engine, rows, reward = engine_and_rows
     # Round 0 keeps one group of four, every later round keeps two: full after round 2.
-    algorithm = _KeepGroups(AlgorithmConfig(), keep=lambda r, gids: gids[:1] if r == 0 else gids[:2])
-    ctx, drawn = _context(engine, rows, algorithm)
+    algorithm = _KeepGroups(keep=lambda r, gids: gids[:1] if r == 0 else gids[:2])
+    ctx, drawn = _context(engine, rows, reward)
     _run_generate_until_full(ctx, algorithm, max_extra_rounds=5)
     b = ctx.batch
     assert drawn == [4, 8]
@@ -175,29 +186,26 @@ def test_generate_until_full_draws_more_prompts_until_the_batch_is_full(engine_a
 
 
 def test_generate_until_full_stops_at_the_cap_and_falls_back_to_unfiltered(engine_and_rows):
-    engine, rows = engine_and_rows
-    algorithm = _KeepGroups(AlgorithmConfig(), keep=lambda r, gids: [])
-    ctx, drawn = _context(engine, rows, algorithm)
+    engine, rows, reward = engine_and_rows
+    algorithm = _KeepGroups(keep=lambda r, gids: [])
+    ctx, drawn = _context(engine, rows, reward)
     _run_generate_until_full(ctx, algorithm, max_extra_rounds=2)
     assert len(drawn) == 2 and ctx.metrics["dynamic_sampling/rounds"] == 3.0
     assert ctx.metrics["dynamic_sampling/fallback_unfiltered"] == 1.0
     # The fallback is the step's own prompts, unfiltered.
     assert len(ctx.batch) == 8 and ctx.batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
 
-    algorithm = _KeepGroups(AlgorithmConfig(), keep=lambda r, gids: gids[:1])
-    ctx, drawn = _context(engine, rows, algorithm)
+    algorithm = _KeepGroups(keep=lambda r, gids: gids[:1])
+    ctx, drawn = _context(engine, rows, reward)
     _run_generate_until_full(ctx, algorithm, max_extra_rounds=1)
     assert ctx.metrics["dynamic_sampling/kept_groups"] == 2.0 and len(ctx.batch) == 4  # smaller batch at the cap
 
 
 def test_greedy_baseline_scores_each_prompts_greedy_answer(engine_and_rows):
-    engine, rows = engine_and_rows
-    algorithm = _KeepGroups(AlgorithmConfig(), keep=lambda r, gids: gids)
-    ctx, _ = _context(engine, rows, algorithm, batch_prompts=3, n=2)
+    engine, rows, reward = engine_and_rows
+    ctx, _ = _context(engine, rows, reward, batch_prompts=3, n=2)
     df = DataflowBuilder()
-    df.actor_generate()
-    df.reward_score()
-    df.greedy_baseline()
+    df.rollout(RolloutRequest(greedy_baseline=True))
     df.build().run(ctx)
     baseline = ctx.batch.extras["baseline_scores"]
     assert baseline.shape == (6,)
@@ -228,14 +236,14 @@ def test_seq_mean_token_sum_norm_divides_by_the_recorded_budget():
 
 def test_policy_regularizers_add_kl_and_entropy_terms():
     from verl_core.algorithms import functional as F
-    from verl_core.interfaces import AlgorithmConfig
+    from verl_core.algorithms.base import PPOFamilyConfig
 
     batch = make_batch(batch_size=2, group_size=2, response_length=3, tool_tokens=False, ref_log_probs=True)
     lp = batch.old_log_probs.clone()
     ent = torch.full(lp.shape, 2.0)
-    none, metrics = F.policy_regularizers(AlgorithmConfig(), batch=batch, log_probs=lp, entropy=ent)
+    none, metrics = F.policy_regularizers(PPOFamilyConfig(), batch=batch, log_probs=lp, entropy=ent)
     assert float(none) == 0.0 and metrics["ppo/entropy"] == pytest.approx(2.0)
-    cfg = AlgorithmConfig(kl_coef=0.5, kl_estimator="k1", entropy_coef=0.1)
+    cfg = PPOFamilyConfig(kl_coef=0.5, kl_estimator="k1", entropy_coef=0.1)
     term, metrics = F.policy_regularizers(cfg, batch=batch, log_probs=lp, entropy=ent)
     kl = F.masked_mean(lp - batch.ref_log_probs, batch.response_mask)
     torch.testing.assert_close(term, 0.5 * kl - 0.1 * 2.0)

@@ -72,3 +72,48 @@ def test_resolved_config_round_trips_through_toml(tmp_path, registry):
     f.write_text(dump_toml(config_to_dict(cfg)))
     again = resolve_config(load_raw_config(f), registry)
     assert config_to_dict(again) == config_to_dict(cfg)
+
+
+def test_a_plugin_registers_its_own_config_section(tmp_path, monkeypatch):
+    """A new section (an environment's, an executor's) is an entry point, not a core edit."""
+    import sys
+    import textwrap
+
+    site = tmp_path / "site"
+    (site / "verl_section_demo-1.0.dist-info").mkdir(parents=True)
+    (site / "verl_section_demo-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: verl-section-demo\nVersion: 1.0\n")
+    (site / "verl_section_demo-1.0.dist-info" / "entry_points.txt").write_text(
+        "[verl.plugin_api]\nv1 = verl_section_demo\n\n"
+        "[verl.config_sections]\nsandbox = verl_section_demo:SECTION\nbroken = verl_section_demo:NOT_A_SECTION\n")
+    (site / "verl_section_demo.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        from verl_core.config import ConfigSection
+
+        @dataclass
+        class SandboxConfig:
+            timeout: float = 5.0
+            def validate(self):
+                if self.timeout <= 0:
+                    raise ValueError("timeout: must be > 0")
+
+        SECTION = ConfigSection(schema=SandboxConfig)
+        NOT_A_SECTION = object()
+    """))
+    monkeypatch.syspath_prepend(str(site))
+    registry = PluginRegistry(paths=[str(site), *sys.path])
+    with pytest.raises(ConfigError, match="broken.*not a verl_core.config.ConfigSection"):
+        resolve_config({}, registry)
+
+    (site / "verl_section_demo-1.0.dist-info" / "entry_points.txt").write_text(
+        "[verl.plugin_api]\nv1 = verl_section_demo\n\n[verl.config_sections]\nsandbox = verl_section_demo:SECTION\n")
+    registry = PluginRegistry(paths=[str(site), *sys.path])
+    cfg = resolve_config(apply_overrides({}, ["sandbox.timeout=2.5"]), registry)
+    assert cfg.sandbox.timeout == 2.5
+    assert config_to_dict(cfg)["sandbox"] == {"timeout": 2.5}
+    assert list(config_to_dict(cfg))[:4] == ["run", "model", "data", "reward"]  # the core's first
+    with pytest.raises(ConfigError, match="sandbox.timeout: must be > 0"):
+        resolve_config({"sandbox": {"timeout": -1.0}}, registry)
+    with pytest.raises(ConfigError, match="sandbox: unknown section"):
+        # Not installed: an unknown section.
+        resolve_config({"sandbox": {}}, PluginRegistry(paths=[p for p in sys.path if p != str(site)]))

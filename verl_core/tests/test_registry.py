@@ -457,11 +457,26 @@ def test_misspelled_first_party_plugin_suggests_it_with_install_hint(site: Path)
     reg = make_registry(site)
 
     with pytest.raises(UnknownPluginError) as excinfo:
-        reg.load("algorithm", "dapoo")
+        reg.load("rollout", "vlm")
 
     message = str(excinfo.value)
-    assert "No algorithm plugins are installed." in message
-    assert "Did you mean 'dapo'? (pip install verl-algo-contrib)" in message
+    assert "No rollout plugins are installed." in message
+    assert "Did you mean 'vllm'? (pip install verl-rollout-vllm)" in message
+
+
+def test_unknown_algorithm_points_at_the_contrib_package_only_when_it_is_missing(site: Path) -> None:
+    # The hint table names no contrib algorithm: a new one never edits the core.
+    assert registry_module.KNOWN_DISTRIBUTIONS["verl-algo-contrib"] == {"algorithm": "*"}
+    write_dist(site, "verl-core-like", entry_points={"verl.algorithms": {"grpo": "m:GRPO"}})
+    with pytest.raises(UnknownPluginError) as excinfo:
+        make_registry(site).load("algorithm", "dapo")
+    assert excinfo.value.install_hint == "pip install verl-algo-contrib"
+    assert "More algorithm plugins come with verl-algo-contrib" in str(excinfo.value)
+
+    write_dist(site, "verl-algo-contrib", entry_points={"verl.algorithms": {"rloo": "c:RLOO"}})
+    with pytest.raises(UnknownPluginError) as excinfo:
+        make_registry(site).load("algorithm", "dapo")
+    assert excinfo.value.install_hint is None and "verl-algo-contrib" not in str(excinfo.value)
 
 
 # ------------------------------------------------------------------ public API
@@ -474,4 +489,4 @@ def test_errors_share_a_base_class_and_are_exported() -> None:
     assert "PluginRegistry" in registry_module.__all__
     assert registry_module.PLUGIN_API_VERSION == 1
     assert registry_module.SUPPORTED_PLUGIN_API_VERSIONS == frozenset({1})
-    assert registry_module.FIRST_PARTY_PLUGINS[("algorithm", "orpo")] == "verl-algo-contrib"
+    assert registry_module.provider_of("rollout", "openai") == "verl-rollout-vllm"

@@ -1,16 +1,16 @@
 """The typed batch that flows between the nodes of an RL step.
 
-One :class:`Batch` holds every sample of a step: the prompt and response tokens, the masks, and
-the fields each dataflow node adds (rewards, log-probs, values, advantages, ...). Tensors are
-indexed by sample on their first dimension, so a batch can be split into micro-batches, shards
-for data-parallel ranks, or filtered, without knowing which fields are present.
+One :class:`Batch` holds every sample of a step: the prompt and response tokens, the masks, and the fields
+each dataflow node adds (rewards, log-probs, values, advantages, ...). Tensors are indexed by sample on their
+first dimension, so a batch can be split into micro-batches, shards for data-parallel ranks, or filtered,
+without knowing which fields are present.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -18,20 +18,8 @@ __all__ = ["Batch", "TENSOR_FIELDS"]
 
 # Fields that hold per-sample tensors (first dimension = sample). Everything else is metadata.
 TENSOR_FIELDS = (
-    "prompt_ids",
-    "prompt_mask",
-    "response_ids",
-    "response_attention_mask",
-    "response_mask",
-    "group_ids",
-    "scores",
-    "token_rewards",
-    "old_log_probs",
-    "rollout_log_probs",
-    "ref_log_probs",
-    "values",
-    "advantages",
-    "returns",
+    "prompt_ids", "prompt_mask", "response_ids", "response_attention_mask", "response_mask", "group_ids", "scores",
+    "token_rewards", "old_log_probs", "rollout_log_probs", "ref_log_probs", "values", "advantages", "returns",
 )
 
 
@@ -39,16 +27,16 @@ TENSOR_FIELDS = (
 class Batch:
     """All samples of one RL step.
 
-    Prompts are left-padded and responses right-padded, so ``cat([prompt_ids, response_ids])``
-    is a contiguous sequence per row whose response starts at the same column for every row.
+    Prompts are left-padded and responses right-padded, so ``cat([prompt_ids, response_ids])`` is a contiguous
+    sequence per row whose response starts at the same column for every row.
 
     Attributes:
         prompt_ids: ``[B, P]`` prompt token ids, left-padded.
         prompt_mask: ``[B, P]`` 1 for real prompt tokens.
         response_ids: ``[B, R]`` response token ids, right-padded.
         response_attention_mask: ``[B, R]`` 1 for every real response token (tool outputs too).
-        response_mask: ``[B, R]`` 1 for response tokens that take part in losses. Padding and
-            tokens the policy did not produce (tool outputs) are 0.
+        response_mask: ``[B, R]`` 1 for response tokens that take part in losses. Padding and tokens the
+            policy did not produce (tool outputs) are 0.
         group_ids: ``[B]`` samples drawn from the same prompt share a group id.
         scores: ``[B]`` sequence-level reward from the reward functions.
         token_rewards: ``[B, R]`` reward per token (score at the last token, KL penalty, ...).
@@ -61,11 +49,11 @@ class Batch:
         finish_reasons: why each response ended (``"stop"`` or ``"length"``).
         meta: per-sample metadata lists (``ground_truth``, ``data_source``, ``extra_info``, ...).
         info: batch-level values the nodes hand to each other (not split).
-        extras: per-sample tensors a plugin adds beyond the fields above (a greedy baseline's
-            score, a preference label, ...), keyed by name. The first dimension is the sample, so
-            they are selected, split and concatenated with the batch; a 2-D extra is aligned with
-            the response tokens (``[B, R]``) and right-padded with 0 when widths differ. Dataflow
-            nodes write one with the field name ``"extras.<name>"``.
+        extras: per-sample tensors a plugin adds beyond the fields above (a greedy baseline's score, a
+            preference label, ...), keyed by name. The first dimension is the sample, so they are selected,
+            split and concatenated with the batch; a 2-D extra is aligned with the response tokens
+            (``[B, R]``) and right-padded with 0 when widths differ. Dataflow nodes write one with the field
+            name ``"extras.<name>"``.
     """
 
     prompt_ids: torch.Tensor
@@ -94,9 +82,9 @@ class Batch:
     def __getstate__(self) -> dict[str, Any]:
         """Integer tensors travel in the narrowest exact form (masks as bool, ids as int32).
 
-        Batches cross process boundaries on every executor call; int64 masks and ids make up most
-        of their bytes, and below a size threshold Ray sends arguments inline instead of through
-        its object store. :meth:`__setstate__` restores the original dtypes, so a round trip is exact.
+        Batches cross process boundaries on every executor call; int64 masks and ids make up most of their
+        bytes, and below a size threshold Ray sends arguments inline instead of through its object store.
+        :meth:`__setstate__` restores the original dtypes, so a round trip is exact.
         """
         state = dict(self.__dict__)
         for name in TENSOR_FIELDS:
@@ -106,8 +94,8 @@ class Batch:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = {k: v.restore() if isinstance(v, _Narrowed) else v for k, v in state.items()}
-        state["extras"] = {k: v.restore() if isinstance(v, _Narrowed) else v for k, v in state.get("extras", {}).items()}
+        state = _restored(state)
+        state["extras"] = _restored(state.get("extras", {}))
         self.__dict__.update(state)
 
     # ----------------------------------------------------------------- views
@@ -166,18 +154,17 @@ class Batch:
         return [self.select(range(bounds[i], bounds[i + 1])) for i in range(parts)]
 
     def trim_padding(self) -> "Batch":
-        """Drop prompt columns that are padding in every row and response columns past the
-        longest response, so compute is not spent on padding. Right-pad results back to
-        ``response_length`` of the original batch where a full-width output is needed."""
+        """Drop prompt columns that are padding in every row and response columns past the longest response,
+        so compute is not spent on padding. Right-pad results back to ``response_length`` of the original batch
+        where a full-width output is needed."""
         prompt_cols = torch.nonzero(self.prompt_mask.any(0)).flatten()
         start = int(prompt_cols[0]) if prompt_cols.numel() else self.prompt_ids.shape[1] - 1
         resp_cols = torch.nonzero(self.response_attention_mask.any(0)).flatten()
         width = int(resp_cols[-1]) + 1 if resp_cols.numel() else 1
         changes: dict[str, Any] = {}
         for name, t in self.tensors().items():
-            if t.dim() != 2:
-                continue
-            changes[name] = t[:, start:] if name.startswith("prompt") else t[:, :width]
+            if t.dim() == 2:
+                changes[name] = t[:, start:] if name.startswith("prompt") else t[:, :width]
         # 2-D extras are response-aligned, so they lose the same columns.
         changes["extras"] = {k: t[:, :width] if t.dim() == 2 else t for k, t in self.extras.items()}
         return dataclasses.replace(self, **changes)
@@ -231,19 +218,15 @@ def _pad_to(t: torch.Tensor, width: int, fill: float, *, left: bool) -> torch.Te
     return torch.cat([pad, t], dim=1) if left else torch.cat([t, pad], dim=1)
 
 
-class _Narrowed:
+def _restored(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.restore() if isinstance(v, _Narrowed) else v for k, v in values.items()}
+
+
+class _Narrowed(NamedTuple):
     """An integer tensor stored in a narrower dtype for pickling, with the dtype to restore."""
 
-    __slots__ = ("tensor", "dtype")
-
-    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype) -> None:
-        self.tensor, self.dtype = tensor, dtype
-
-    def __getstate__(self) -> tuple[torch.Tensor, torch.dtype]:
-        return self.tensor, self.dtype
-
-    def __setstate__(self, state: tuple[torch.Tensor, torch.dtype]) -> None:
-        self.tensor, self.dtype = state
+    tensor: torch.Tensor
+    dtype: torch.dtype
 
     @staticmethod
     def of(tensor: torch.Tensor) -> Any:

@@ -5,9 +5,9 @@ Layout under ``<run_dir>/checkpoints``::
     step_000010/            # complete checkpoint: worker states + trainer_state.json + manifest.json
     latest                  # text file naming the newest complete checkpoint, written last
 
-A checkpoint is written under a temporary name and renamed into place only when complete, so a
-crash mid-write never leaves a directory that resume would take. ``manifest.json`` records the
-size and SHA-256 of every file; loading verifies it.
+A checkpoint is written under a temporary name and renamed into place only when complete, so a crash
+mid-write never leaves a directory that resume would take. ``manifest.json`` records the size and SHA-256
+of every file; loading verifies it.
 """
 
 from __future__ import annotations
@@ -70,8 +70,7 @@ class CheckpointManager:
     def _prune(self) -> None:
         if self.keep <= 0:
             return
-        complete = self.complete()
-        for old in complete[:-self.keep]:
+        for old in self.complete()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     def complete(self) -> list[Path]:

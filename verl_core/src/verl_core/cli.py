@@ -1,4 +1,8 @@
-"""The ``verl`` command line: a thin layer over :class:`~verl_core.trainer.Trainer` and the registry."""
+"""The ``verl`` command line: a thin layer over :class:`~verl_core.trainer.Trainer` and the registry.
+
+:func:`main` adds the commands of installed ``verl.commands`` plugins (``verl data`` comes from
+verl-data-prepare) before parsing; ``app`` alone holds only the core's commands.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,6 @@ plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=Tru
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(config_app, name="config")
-data_app = typer.Typer(help="Prepare datasets.", no_args_is_help=True)
-app.add_typer(data_app, name="data")
 
 USER_ERROR_EXIT = 2
 
@@ -26,7 +28,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from verl_core.config import ConfigError
     from verl_core.data import DataError
     from verl_core.registry import PluginError
-    from verl_core.reward_plugins import RewardError
+    from verl_core.interfaces import RewardError
 
     return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError, RewardError)
 
@@ -40,25 +42,31 @@ def _guard(fn: Callable[[], Any]) -> Any:
         raise typer.Exit(USER_ERROR_EXIT) from None
 
 
-def _collect(config: Optional[Path], flags: dict[str, Any], overrides: List[str]) -> tuple[Any, Any]:
+# Option of `verl run` and `verl config show` -> the config key it sets.
+_FLAG_KEYS = {
+    "backend": "backend.name", "rollout": "rollout.name", "algo": "algorithm.name", "model": "model.path",
+    "data": "data.train", "output_dir": "run.output_dir", "max_steps": "run.max_steps", "save_every": "run.save_every",
+    "resume": "run.resume", "seed": "run.seed", "executor": "executor.name", "nnodes": "executor.nnodes",
+    "procs_per_node": "executor.procs_per_node",
+}
+
+
+def _collect(options: dict[str, Any]) -> tuple[Any, Any]:
+    """Resolve the config that a command's options (its ``locals()``) describe; also return the registry."""
     from verl_core.config import apply_overrides, load_raw_config, resolve_config, set_key
     from verl_core.registry import PluginRegistry
 
     registry = PluginRegistry()
-    raw = load_raw_config(config)
-    for key, value in flags.items():
-        if value is not None:
-            set_key(raw, key, value)
-    raw = apply_overrides(raw, overrides or [])
+    raw = load_raw_config(options["config"])
+    for name, key in _FLAG_KEYS.items():
+        # Only flags the user gave become keys: the local executor has no nnodes/procs_per_node settings.
+        if options[name] is not None:
+            set_key(raw, key, options[name])
+    raw = apply_overrides(raw, options["overrides"] or [])
     return resolve_config(raw, registry), registry
 
 
 _RUN_HELP = "Dotted overrides, e.g. algorithm.kl_coef=0.001 rollout.n=4"
-
-
-def _executor_flags(name: Optional[str], nnodes: Optional[int], procs_per_node: Optional[int]) -> dict[str, Any]:
-    # Only flags the user gave become keys: the local executor has no nnodes/procs_per_node settings.
-    return {"executor.name": name, "executor.nnodes": nnodes, "executor.procs_per_node": procs_per_node}
 
 
 @app.command()
@@ -80,16 +88,14 @@ def run(
     procs_per_node: Optional[int] = typer.Option(None, help="Worker processes per node (multi-process executors)."),
 ) -> None:
     """Train. With no arguments: GRPO on the built-in addition task with a tiny model."""
-    flags = {"backend.name": backend, "rollout.name": rollout, "algorithm.name": algo, "model.path": model,
-             "data.train": data, "run.output_dir": output_dir, "run.max_steps": max_steps,
-             "run.save_every": save_every, "run.resume": resume, "run.seed": seed,
-             **_executor_flags(executor, nnodes, procs_per_node)}
+    options = locals()
 
     def go() -> None:
         from verl_core.interfaces import WorkerFailedError
+        from verl_core.rollout_utils import WeightSyncError
         from verl_core.trainer import Trainer
 
-        cfg, registry = _collect(config, flags, overrides)
+        cfg, registry = _collect(options)
         trainer = Trainer(cfg, registry=registry)
         try:
             metrics = trainer.train()
@@ -99,7 +105,7 @@ def run(
         except FloatingPointError as exc:
             typer.secho(f"error: training diverged: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from None
-        except WorkerFailedError as exc:
+        except (WorkerFailedError, WeightSyncError) as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from None
         if "val/reward_mean" in metrics:
@@ -121,15 +127,12 @@ def config_show(
     procs_per_node: Optional[int] = typer.Option(None),
 ) -> None:
     """Print the resolved config (same arguments as `verl run`) as TOML."""
-    flags = {"backend.name": backend, "rollout.name": rollout, "algorithm.name": algo, "model.path": model,
-             "data.train": data, "run.output_dir": output_dir, "run.max_steps": max_steps,
-             "run.save_every": save_every, "run.resume": resume, "run.seed": seed,
-             **_executor_flags(executor, nnodes, procs_per_node)}
+    options = locals()
 
     def go() -> None:
         from verl_core.config import config_to_dict, dump_toml
 
-        cfg, _ = _collect(config, flags, overrides)
+        cfg, _ = _collect(options)
         typer.echo(dump_toml(config_to_dict(cfg)), nl=False)
 
     _guard(go)
@@ -172,28 +175,6 @@ def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directo
     _guard(go)
 
 
-@data_app.command("prepare")
-def data_prepare(
-    dataset: str = typer.Argument(..., help="gsm8k or math."),
-    inputs: List[Path] = typer.Option(..., "--input", "-i", help="The dataset's own file or directory "
-                                      "(repeatable: e.g. train.jsonl and test.jsonl)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for <split>.parquet."),
-    split: Optional[str] = typer.Option(None, help="Split of every input (default: from each file's path)."),
-    instruction: Optional[str] = typer.Option(None, help="Text appended to each question ('' for none)."),
-    data_source: Optional[str] = typer.Option(None, help="data_source of the rows (default: verl's name)."),
-) -> None:
-    """Convert GSM8K / MATH files into verl-format parquet, extracting the ground truths."""
-    def go() -> None:
-        from verl_core.data_prepare import prepare
-
-        result = prepare(dataset, inputs, output, split=split, instruction=instruction, data_source=data_source)
-        for name, s in result.splits.items():
-            note = f"; skipped {s.skipped} without an answer (first: {s.first_skipped})" if s.skipped else ""
-            typer.echo(f"{dataset} {name}: {s.rows} rows -> {s.path}{note}")
-
-    _guard(go)
-
-
 @app.command()
 def version() -> None:
     """Print the verl-core version and plugin API version."""
@@ -203,7 +184,53 @@ def version() -> None:
     typer.echo(f"verl-core {__version__} (plugin API v{PLUGIN_API_VERSION})")
 
 
+def add_plugin_commands(target: typer.Typer, registry: Any = None) -> None:
+    """Add the installed ``verl.commands`` plugins to ``target``, each under its entry-point name.
+
+    A plugin's object is a ``typer.Typer`` (added as a command group) or a function (one command).
+    One that cannot be loaded, or whose name a core command already has, is skipped with a note
+    on stderr: a broken command plugin must never break ``verl``.
+    """
+    from verl_core.registry import PluginError, PluginRegistry
+
+    registry = registry or PluginRegistry()
+    added = {g.name: g.typer_instance for g in target.registered_groups}
+    taken = set(added) | {c.name or c.callback.__name__ for c in target.registered_commands if c.callback}
+    for info in registry.list("command"):
+        if info.status not in ("available", "broken"):
+            typer.secho(f"verl: skipping command plugin {info.name!r}: {info.message}", err=True)
+            continue
+        try:
+            obj = registry.load("command", info.name)
+        except PluginError as exc:
+            typer.secho(f"verl: skipping command plugin {info.name!r}: {exc}", err=True)
+            continue
+        if added.get(info.name) is obj:
+            continue  # added by an earlier call
+        if info.name in taken:
+            typer.secho(f"verl: skipping command plugin {info.name!r} from {info.distribution}: "
+                        f"verl already has a command of that name", err=True)
+        elif isinstance(obj, typer.Typer):
+            target.add_typer(obj, name=info.name)
+        elif callable(obj):
+            target.command(info.name)(obj)
+        else:
+            typer.secho(f"verl: skipping command plugin {info.name!r}: {type(obj).__name__} is neither a "
+                        f"typer.Typer nor a function", err=True)
+        taken.add(info.name)
+
+
 def main() -> None:
+    from verl_core.registry import PluginRegistry, provider_of
+
+    registry = PluginRegistry()
+    add_plugin_commands(app, registry)
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    provider = provider_of("command", name)
+    if provider and name not in {i.name for i in registry.list("command")}:
+        typer.secho(f"error: `verl {name}` is provided by a separate package: pip install {provider}",
+                    fg=typer.colors.RED, err=True)
+        raise SystemExit(USER_ERROR_EXIT)
     app()
 
 

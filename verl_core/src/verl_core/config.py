@@ -1,8 +1,10 @@
 """Run configuration: TOML files, dotted overrides, and validation before anything loads.
 
-The core owns the fixed sections (``run``, ``model``, ``data``, ``reward``); each selected plugin
-owns its section's fields through its ``Config`` dataclass (``backend``, ``rollout``,
-``algorithm``, ``executor``), with the plugin's name under ``name``::
+The core owns the fixed sections (``run``, ``model``, ``data``); each selected plugin owns its
+section's fields through its ``Config`` dataclass (``reward``, ``backend``, ``rollout``,
+``algorithm``, ``executor``), with the plugin's name under ``name`` (``reward.scorer`` for the
+reward scorer, whose config has a ``name`` of its own). Plugins add sections of their
+own through the ``verl.config_sections`` entry points (:class:`ConfigSection`)::
 
     [algorithm]
     name = "grpo"
@@ -35,10 +37,10 @@ __all__ = [
     "RunConfig",
     "ModelConfig",
     "DataConfig",
-    "RewardConfig",
-    "RewardComponent",
     "PluginSection",
-    "PLUGIN_SECTIONS",
+    "ConfigSection",
+    "CORE_SECTIONS",
+    "config_sections",
     "load_raw_config",
     "apply_overrides",
     "resolve_config",
@@ -171,134 +173,106 @@ class DataConfig:
 
 
 @dataclass
-class RewardComponent:
-    """One term of a weighted reward (an entry of ``reward.components``).
-
-    Attributes:
-        name: a reward plugin, ``"auto"`` (by each row's data_source), ``"file:PATH:FUNCTION"``, or
-            ``"reward_model"`` (the model at ``reward.model_path``).
-        weight: the term's weight in the sum.
-    """
-
-    name: str = "auto"
-    weight: float = 1.0
-
-
-#: The component name that refers to the reward model at ``reward.model_path``.
-REWARD_MODEL_COMPONENT = "reward_model"
-
-
-@dataclass
-class RewardConfig:
-    """How responses are scored.
-
-    Attributes:
-        name: the reward when ``components`` is empty: a ``verl.rewards`` plugin for every sample,
-            ``"auto"`` to pick one by each row's data_source, or ``"file:/path/rewards.py:function"``.
-        components: several rewards summed per sample with weights, e.g.
-            ``[{name = "gsm8k", weight = 1.0}, {name = "reward_model", weight = 0.5}]``; each is logged as
-            ``reward/<name>/mean``.
-        options: settings per reward, e.g. ``{gsm8k = {mode = "strict"}}`` (checked against its Config).
-        aliases: extra data_source -> reward mappings for ``"auto"``, e.g. ``{"my/gsm8k-copy" = "gsm8k"}``.
-        on_error: ``"fail"`` stops the run with the row and error; ``"zero"`` scores 0 and counts it in
-            ``reward/errors``.
-        timeout: seconds one reward call may take (per response, or per batch for a batch reward); 0: none.
-        isolation: ``"process"`` runs rewards in worker processes that are killed at the time limit;
-            ``"none"`` runs them in the controller (no start-up cost, but a hang cannot be interrupted).
-        workers: reward worker processes with ``isolation="process"``.
-        model_path: a Hugging Face sequence-classification reward model, scored on the training backend
-            as the ``reward_model`` component.
-    """
-
-    name: str = "auto"
-    components: list[RewardComponent] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
-    aliases: dict[str, str] = field(default_factory=dict)
-    on_error: str = "fail"
-    timeout: float = 60.0
-    isolation: str = "process"
-    workers: int = 1
-    model_path: str = ""
-
-    def validate(self) -> None:
-        if self.on_error not in ("fail", "zero"):
-            raise ConfigError("on_error", "must be 'fail' or 'zero'")
-        if self.isolation not in ("process", "none"):
-            raise ConfigError("isolation", "must be 'process' or 'none'")
-        if self.timeout < 0:
-            raise ConfigError("timeout", "must be >= 0 seconds (0: no limit)")
-        if self.workers < 1:
-            raise ConfigError("workers", "must be at least 1 process")
-        for key, value in self.options.items():
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"options.{key}", f"must be a table of settings, e.g. options.{key} = {{ ... }}")
-        for key, value in self.aliases.items():
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"aliases.{key}", "must name a reward plugin")
-        names = [c.name for c in self.components]
-        for i, c in enumerate(self.components):
-            if not isinstance(c, RewardComponent):
-                raise ConfigError(f"components[{i}]", "must be a table like { name = \"gsm8k\", weight = 1.0 }")
-            if not c.name:
-                raise ConfigError(f"components[{i}].name", "must name a reward")
-            if c.weight != c.weight or c.weight in (float("inf"), float("-inf")):
-                raise ConfigError(f"components[{i}].weight", "must be a finite number")
-        if len(set(names)) != len(names):
-            raise ConfigError("components", f"a reward is listed twice: {names}")
-        if self.components and self.name != "auto":
-            raise ConfigError("name", "set either reward.name or reward.components, not both (add "
-                                      f"{{ name = \"{self.name}\" }} to reward.components)")
-        if self.model_path and self.components and REWARD_MODEL_COMPONENT not in names:
-            raise ConfigError("components", f"reward.model_path is set but no component is "
-                                            f"{{ name = \"{REWARD_MODEL_COMPONENT}\" }}; add it with a weight")
-        if self.model_path and not self.components and self.name != "auto":
-            raise ConfigError("components", f"reward.model_path and reward.name={self.name!r} are both set: "
-                                            f"combine them with reward.components = [{{ name = \"{self.name}\" }}, "
-                                            f"{{ name = \"{REWARD_MODEL_COMPONENT}\", weight = 1.0 }}]")
-        if not self.model_path and REWARD_MODEL_COMPONENT in names:
-            raise ConfigError("model_path", f"the {REWARD_MODEL_COMPONENT!r} component needs reward.model_path "
-                                            f"(a sequence-classification model directory)")
-
-    def resolved_components(self) -> list[RewardComponent]:
-        """The terms of the reward: ``components``, or else the reward model, or else ``name`` alone."""
-        if self.components:
-            return list(self.components)
-        if self.model_path:
-            return [RewardComponent(REWARD_MODEL_COMPONENT, 1.0)]
-        return [RewardComponent(self.name, 1.0)]
-
-
-@dataclass
 class PluginSection:
-    """A section owned by the selected plugin: its name and its typed settings."""
+    """A section owned by the selected plugin: its name and its typed settings (``""``: none selected)."""
 
     name: str
     config: Any
 
 
-# section -> (registry kind, default plugin name)
-PLUGIN_SECTIONS: dict[str, tuple[str, str]] = {
-    "backend": ("backend", "fsdp"),
-    "rollout": ("rollout", "hf"),
-    "algorithm": ("algorithm", "grpo"),
-    "executor": ("executor", "local"),
+@dataclass(frozen=True)
+class ConfigSection:
+    """A top-level section of the run config.
+
+    The core's sections are :data:`CORE_SECTIONS`; a plugin adds one by registering a
+    ``ConfigSection`` under the ``verl.config_sections`` entry points (the entry point's name is
+    the section's name), so a new kind of section is never a core edit::
+
+        [project.entry-points."verl.config_sections"]
+        environment = "my_package.config:ENVIRONMENT_SECTION"
+
+    Attributes:
+        schema: a dataclass the section's keys fill (a fixed section such as ``run``).
+        plugin_kind: instead of a schema, the registry kind whose selected plugin owns the section:
+            its ``name`` key picks the plugin and the plugin's ``Config`` dataclass types the rest.
+        default: the plugin selected when the section names none (``""``: no plugin).
+        key: the key that names the plugin (``name``; a section whose plugin config has a field of
+            that name picks another).
+    """
+
+    schema: type | None = None
+    plugin_kind: str | None = None
+    default: str = ""
+    key: str = "name"
+
+    def __post_init__(self) -> None:
+        if (self.schema is None) == (self.plugin_kind is None):
+            raise ValueError("a ConfigSection has either a schema or a plugin_kind")
+
+
+#: The core's sections, in the order they are written out.
+CORE_SECTIONS: dict[str, ConfigSection] = {
+    "run": ConfigSection(schema=RunConfig),
+    "model": ConfigSection(schema=ModelConfig),
+    "data": ConfigSection(schema=DataConfig),
+    # [reward] belongs to the scorer plugin named by reward.scorer (reward.name is a field of its Config).
+    "reward": ConfigSection(plugin_kind="scorer", default="default", key="scorer"),
+    "backend": ConfigSection(plugin_kind="backend", default="fsdp"),
+    "rollout": ConfigSection(plugin_kind="rollout", default="hf"),
+    "algorithm": ConfigSection(plugin_kind="algorithm", default="grpo"),
+    "executor": ConfigSection(plugin_kind="executor", default="local"),
 }
-FIXED_SECTIONS: dict[str, type] = {"run": RunConfig, "model": ModelConfig, "data": DataConfig,
-                                   "reward": RewardConfig}
 
 
-@dataclass
+def config_sections(registry: Any) -> dict[str, ConfigSection]:
+    """The core's sections followed by those installed plugins register, by name."""
+    sections = dict(CORE_SECTIONS)
+    for name in registry.names("config_section"):
+        section = registry.load("config_section", name)
+        if not isinstance(section, ConfigSection):
+            raise ConfigError(name, f"the verl.config_sections entry point {name!r} is a {type(section).__name__}, "
+                                    f"not a verl_core.config.ConfigSection")
+        if name in CORE_SECTIONS:
+            raise ConfigError(name, f"a plugin registers the section {name!r}, which the core owns; rename it")
+        sections[name] = section
+    return sections
+
+
 class Config:
-    """A complete, validated run configuration."""
+    """A complete, validated run configuration: one attribute per section (``config.run.seed``).
+
+    The core's sections are typed below; sections registered by plugins are attributes too.
+    """
 
     run: RunConfig
     model: ModelConfig
     data: DataConfig
-    reward: RewardConfig
+    reward: PluginSection
     backend: PluginSection
     rollout: PluginSection
     algorithm: PluginSection
     executor: PluginSection
+
+    def __init__(self, sections: Mapping[str, Any], specs: Mapping[str, ConfigSection] | None = None) -> None:
+        self._sections = dict(sections)
+        self._specs = dict(CORE_SECTIONS if specs is None else specs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._sections[name]
+        except KeyError:
+            raise AttributeError(f"the config has no section {name!r}; sections: {list(self._sections)}") from None
+
+    def section_spec(self, name: str) -> ConfigSection:
+        """How section ``name`` is built (its schema, or the plugin kind that owns it)."""
+        return self._specs[name]
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """Section name -> its dataclass or :class:`PluginSection`, in order."""
+        return dict(self._sections)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -355,42 +329,46 @@ def resolve_config(raw: Mapping[str, Any], registry: Any) -> Config:
     Selecting a plugin here imports its module (its Config class); plugin modules keep heavy
     engine imports out of module scope, so this stays cheap and happens before any model loads.
     """
-    known = [*FIXED_SECTIONS, *PLUGIN_SECTIONS]
-    raw = _with_model_preset(raw)
+    sections = config_sections(registry)
+    known = list(sections)
+    raw = _with_model_preset(raw, registry)
     for section, value in raw.items():
         if section not in known:
             raise ConfigError(section, f"unknown section{_suggest(section, known)}; sections are {known}")
         if not isinstance(value, Mapping):
             raise ConfigError(section, f"must be a table of settings, got {type(value).__name__}")
     built: dict[str, Any] = {}
-    for section, cls in FIXED_SECTIONS.items():
-        built[section] = build_dataclass(cls, raw.get(section, {}), section)
-    for section, (kind, default) in PLUGIN_SECTIONS.items():
+    for section, spec in sections.items():
         values = dict(raw.get(section, {}))
-        name = values.pop("name", default)
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{section}.name", "must be a plugin name")
-        plugin = registry.load(kind, name)
+        if spec.schema is not None:
+            built[section] = build_dataclass(spec.schema, values, section)
+            continue
+        name = values.pop(spec.key, spec.default)
+        if not isinstance(name, str) or (not name and spec.default):
+            raise ConfigError(f"{section}.{spec.key}", "must be a plugin name")
+        plugin = registry.load(spec.plugin_kind, name) if name else None
         config_cls = getattr(plugin, "Config", None)
         if config_cls is None:
             if values:
-                raise ConfigError(f"{section}.{next(iter(values))}", f"plugin {name!r} takes no settings")
+                which = f"plugin {name!r} takes" if name else f"no {section} plugin is selected, so it takes"
+                raise ConfigError(f"{section}.{next(iter(values))}", f"{which} no settings")
             built[section] = PluginSection(name, None)
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
-    return Config(**built)
+    return Config(built, sections)
 
 
-def _with_model_preset(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Layer the recommended settings of a built-in model under the user's own.
+def _with_model_preset(raw: Mapping[str, Any], registry: Any) -> dict[str, Any]:
+    """Layer the recommended settings of a ``builtin:`` model under the user's own.
 
-    A built-in model ships the settings it was tuned with (like a Hugging Face model ships its
-    generation config); anything the user sets wins.
+    A built-in model's plugin ships the settings it was tuned with (``ModelProvider.preset``, like
+    a Hugging Face model ships its generation config); anything the user sets wins.
     """
-    from verl_core.tasks import BUILTIN_PRESETS
+    from verl_core.registry import BUILTIN_PREFIX, load_builtin
 
     path = raw.get("model", {}).get("path", ModelConfig.path) if isinstance(raw.get("model", {}), Mapping) else None
-    preset = BUILTIN_PRESETS.get(path) if isinstance(path, str) else None
+    builtin = isinstance(path, str) and path.startswith(BUILTIN_PREFIX)
+    preset = load_builtin(registry, "model", path, key="model.path").preset if builtin else None
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     for section, values in (preset or {}).items():
         if isinstance(out.get(section, {}), Mapping):
@@ -493,15 +471,14 @@ def _suggest(word: str, options: Sequence[str]) -> str:
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The resolved config as plain data, plugin sections flattened with their ``name``."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
+    for name, value in config.sections.items():
         if isinstance(value, PluginSection):
-            section = {"name": value.name}
+            section = {config.section_spec(name).key: value.name}
             if value.config is not None:
                 section.update(dataclasses.asdict(value.config))
-            out[f.name] = section
+            out[name] = section
         else:
-            out[f.name] = dataclasses.asdict(value)
+            out[name] = dataclasses.asdict(value)
     return out
 
 

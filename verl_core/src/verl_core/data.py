@@ -41,32 +41,35 @@ class DataError(ValueError):
 
 
 # ----------------------------------------------------------------------------- loading
-def load_rows(spec: str, *, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
-    """Raw rows (plain dicts) from ``builtin:addition``, a file, a dataset directory or a Hub id.
+def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any = None) -> list[dict[str, Any]]:
+    """Raw rows (plain dicts) from a ``builtin:`` dataset, a file, a dataset directory or a Hub id.
 
     Args:
-        spec: what to load (see the module docstring).
+        spec: what to load (see the module docstring); ``builtin:<name>`` is built by the
+            ``verl.datasets`` plugin of that name (``builtin:addition``: ``verl-task-arithmetic``).
         split: the split to take from sources that hold several (dataset directories, Hub ids,
-            ``builtin:addition``); a single file is one split already.
+            ``builtin:`` datasets); a single file is one split already.
         seed: unused; kept for callers that pass it.
+        registry: the plugin registry ``builtin:`` datasets are found in (a fresh one by default).
 
     Raises:
         DataError: the source does not exist, has an unsupported type, or lacks the split.
+        UnknownPluginError: no ``verl.datasets`` plugin provides the ``builtin:`` name.
     """
     if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name != "addition":
-            raise DataError(f"unknown built-in dataset {spec!r}; available: builtin:addition")
-        from verl_core.tasks.arithmetic import make_dataset
+        from verl_core.registry import PluginRegistry, load_builtin
 
-        train, test = make_dataset(seed=0)
-        return train if split == "train" else test
+        provider = load_builtin(registry or PluginRegistry(), "dataset", spec, key="data")
+        try:
+            return list(provider.rows(split=split))
+        except ValueError as exc:
+            raise DataError(f"{spec}: {exc}") from exc
     path = Path(spec).expanduser()
     if path.is_file():
         return _read_file(path, spec)
     if not path.is_dir() and not _HUB_ID.match(spec):
         raise DataError(f"data file {spec!r} does not exist (use a parquet/jsonl/json file, a dataset "
-                        f"directory, a Hugging Face Hub id, or builtin:addition)")
+                        f"directory, a Hugging Face Hub id, or a builtin: dataset such as builtin:addition)")
     from datasets.utils import logging as ds_logging
 
     # "Generating train split" bars for every small file are noise in a training log.
@@ -144,8 +147,7 @@ def _load_directory(path: Path, split: str, spec: str) -> Any:
         ds = datasets.load_from_disk(str(path))
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
-                raise DataError(f"{spec}: no {split!r} split; splits are {list(ds)} (set data.train_split / "
-                                f"data.val_split)")
+                raise _no_split(spec, split, ds)
             ds = ds[split]
         return ds
     # A folder of data files, e.g. a Hub repository cloned or downloaded by hand.
@@ -157,9 +159,12 @@ def _load_directory(path: Path, split: str, spec: str) -> Any:
     if split not in loaded:
         if len(loaded) == 1 and split == "train":
             return next(iter(loaded.values()))
-        raise DataError(f"{spec}: no {split!r} split; splits are {list(loaded)} (set data.train_split / "
-                        f"data.val_split)")
+        raise _no_split(spec, split, loaded)
     return loaded[split]
+
+
+def _no_split(spec: str, split: str, splits: Any) -> DataError:
+    return DataError(f"{spec}: no {split!r} split; splits are {list(splits)} (set data.train_split / data.val_split)")
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -269,15 +274,10 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
         truth = _ground_truth(row, answer_key)
         if truth is None:
             stats.missing_ground_truth += 1
-        out.append({
-            "prompt_ids": ids,
-            "prompt_text": text,
-            "prompt_messages": messages,
-            "ground_truth": truth,
-            "data_source": row.get("data_source") or data_source or "default",
-            "extra_info": row.get("extra_info") or {},
-            "raw": row,  # everything else the row carries (preference pairs, images, tools, ...)
-        })
+        out.append({"prompt_ids": ids, "prompt_text": text, "prompt_messages": messages, "ground_truth": truth,
+                    "data_source": row.get("data_source") or data_source or "default",
+                    "extra_info": row.get("extra_info") or {},
+                    "raw": row})  # everything else the row carries (preference pairs, images, tools, ...)
     stats.kept = len(out)
     if not out:
         raise DataError(f"{source}: no usable prompts ({stats.dropped} of {stats.rows} longer than "
@@ -296,7 +296,8 @@ def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key:
     return out, stats.dropped
 
 
-def build_datasets(config: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+def build_datasets(config: Any, tokenizer: Any, registry: Any = None,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
     """Training and validation prompts from a :class:`~verl_core.config.DataConfig`.
 
     Returns ``(train_rows, val_rows, stats)``; ``stats`` holds ``data/...`` counts for the metrics. Dropped
@@ -306,15 +307,15 @@ def build_datasets(config: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], l
                   max_prompt_length=config.max_prompt_length, overlong=config.overlong,
                   apply_chat_template=config.apply_chat_template, system_prompt=config.system_prompt,
                   data_source=config.data_source)
-    train, train_stats = render_rows(load_rows(config.train, split=config.train_split), tokenizer,
-                                     source=config.train, **common)
+    train_rows = load_rows(config.train, split=config.train_split, registry=registry)
+    train, train_stats = render_rows(train_rows, tokenizer, source=config.train, **common)
     stats = train_stats.metrics("train")
     _report(config, "training", train_stats)
     val_spec = config.val or (config.train if config.train.startswith("builtin:") else "")
     val: list[dict[str, Any]] = []
     if val_spec:
-        val, val_stats = render_rows(load_rows(val_spec, split=config.val_split), tokenizer, source=val_spec,
-                                     **common)
+        val_rows = load_rows(val_spec, split=config.val_split, registry=registry)
+        val, val_stats = render_rows(val_rows, tokenizer, source=val_spec, **common)
         _report(config, "validation", val_stats)
         if config.max_val_samples:
             val = val[: config.max_val_samples]
@@ -351,8 +352,7 @@ class PromptSampler:
         if batch_size > size:
             raise DataError(f"data.batch_size={batch_size} is larger than the {size} training prompts")
         self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
-        self.epoch = 0
-        self.position = 0
+        self.epoch, self.position = 0, 0
         self._order = self._make_order()
 
     def _make_order(self) -> list[int]:

@@ -8,36 +8,33 @@ not depend on each other together (the executor decides whether "together" means
 Declaring a custom algorithm::
 
     df = DataflowBuilder()
-    df.actor_generate()
-    df.reward_score()
+    df.rollout()                       # the run's rollout stage: generate, score, filter
     df.actor_log_probs()
     df.compute_advantages(my_algorithm)
     df.update_actor(my_algorithm)
-    df.sync_weights()
     flow = df.build()
 
-Capabilities some algorithms need are builder methods too, so no algorithm needs the controller
-to know its name: :meth:`DataflowBuilder.generate_until_full` (keep generating until the filtered
-batch is full, DAPO's dynamic sampling), :meth:`DataflowBuilder.greedy_baseline` (score one greedy
-response per prompt, ReMax's baseline) and :meth:`DataflowBuilder.batch_from_data` (build the batch
-from the prompt rows' own columns instead of generating: preference pairs, SFT targets).
+Generation belongs to the run, not to the algorithm: :meth:`DataflowBuilder.rollout` is one node
+running the rollout stage (:mod:`verl_core.rollout_stage`), and what an algorithm needs from it
+(DAPO's dynamic sampling, ReMax's greedy baseline) it asks for with a
+:class:`~verl_core.interfaces.RolloutRequest`. Offline algorithms build the batch from the prompt
+rows' own columns instead (:meth:`DataflowBuilder.batch_from_data`). The trainer syncs the rollout
+engine's weights after every step; no dataflow declares it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from verl_core.batch import Batch
 
-if TYPE_CHECKING:
-    from verl_core.interfaces import Algorithm
+from verl_core.interfaces import Algorithm, RolloutRequest
 
-__all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "standard_dataflow"]
+__all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError"]
 
 # Pseudo-field every node reads; a node that writes it (generation, filtering) replaces the whole
 # batch and so acts as a barrier.
@@ -80,6 +77,12 @@ class StepContext:
         tokenizer: the run's tokenizer, for nodes that turn text into tokens (offline data).
         draw_prompts: returns the next batch of training prompt rows, for nodes that need more
             prompts than the step's own (dynamic sampling); None where no more can be drawn.
+        max_log_prob_gap: the most the engine's log-probs may differ from the trainer's (mean
+            absolute difference per token) before the step stops as a broken weight sync; 0 off.
+        log_prob_gap_action: ``"error"`` (stop) or ``"warn"`` when the gap is exceeded.
+        rollout_name: the rollout engine's plugin name, for messages.
+        engine_released: the rollout stage released the engine's memory; the trainer reacquires it
+            before the weight sync.
     """
 
     step: int
@@ -96,6 +99,10 @@ class StepContext:
     extras: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
     draw_prompts: Callable[[], list[dict[str, Any]]] | None = None
+    max_log_prob_gap: float = 0.0
+    log_prob_gap_action: str = "error"
+    rollout_name: str = ""
+    engine_released: bool = False
 
 
 class Dataflow:
@@ -225,34 +232,25 @@ class DataflowBuilder:
         return Dataflow(self._nodes)
 
     # ------------------------------------------------------------ standard nodes
-    def actor_generate(self) -> str:
-        """Sample responses for the step's prompts with the rollout engine."""
-        return self.node("generate", _generate, writes=(BATCH,), role="rollout")
+    def rollout(self, request: RolloutRequest = RolloutRequest()) -> str:
+        """The run's rollout stage: the step's scored batch (see :func:`verl_core.rollout_stage.run`).
 
-    def generate_until_full(self, algorithm: "Algorithm", *, max_extra_rounds: int) -> str:
-        """Generate, score and filter until the batch holds as many prompt groups as the step has prompts.
-
-        Each round samples responses, scores them and keeps what ``algorithm.filter_batch`` keeps;
-        while fewer groups than the step's prompts survive, another batch of prompts is drawn
-        (``ctx.draw_prompts``), at most ``max_extra_rounds`` times. The first groups that survive
-        make the batch (a smaller one when the cap is reached). When nothing survives at all the
-        first round is kept unfiltered, so the step still trains on real samples. DAPO's dynamic
-        sampling (arXiv:2503.14476) is this node with a filter that drops equal-reward groups.
-        Replaces :meth:`actor_generate`, :meth:`reward_score` and :meth:`filter_batch`.
+        Writes the batch, ``scores`` and ``token_rewards`` (and ``extras.baseline_scores`` when the
+        request asks for a greedy baseline). When no later node recomputes the old log-probs, the
+        stage checks the engine against the trainer on a few samples itself.
         """
-        if max_extra_rounds < 0:
-            raise ValueError(f"max_extra_rounds must be >= 0, got {max_extra_rounds}")
-        return self.node("generate", lambda ctx: _generate_until_full(ctx, algorithm, max_extra_rounds),
-                         writes=(BATCH, "scores", "token_rewards"), role="rollout")
+        from verl_core import rollout_stage
 
-    def greedy_baseline(self, *, name: str = "baseline_scores") -> str:
-        """Score one greedy response per prompt of the batch; each sample gets its prompt's score.
+        writes = [BATCH, "scores", "token_rewards"]
+        if request.greedy_baseline:
+            writes.append(EXTRAS_PREFIX + rollout_stage.BASELINE)
+        builder = self
 
-        The result is ``batch.extras[name]`` (``[B]``), written before the policy changes, so it
-        is the reward of the current policy's greedy answer: ReMax's baseline (arXiv:2310.10505).
-        """
-        return self.node("greedy_baseline", lambda ctx: _greedy_baseline(ctx, name),
-                         writes=(EXTRAS_PREFIX + name,), role="rollout")
+        def fn(ctx: StepContext) -> Batch:
+            recomputed = any(n.name == "old_log_probs" and n.role == "actor" for n in builder._nodes)
+            return rollout_stage.run(ctx, request, check_engine=not recomputed)
+
+        return self.node("rollout", fn, writes=writes, role="rollout")
 
     def batch_from_data(self, build: Callable[[StepContext], Batch], *, name: str = "batch_from_data") -> str:
         """Build the step's batch from its prompt rows instead of generating (offline data).
@@ -263,18 +261,15 @@ class DataflowBuilder:
         """
         return self.node(name, build, writes=(BATCH,))
 
-    def reward_score(self) -> str:
-        """Score responses with the reward functions; scores go on the last response token."""
-        return self.node("reward", _reward, reads=("response_ids",), writes=("scores", "token_rewards"),
-                         role="reward")
+    def actor_log_probs(self, *, from_rollout: bool = False) -> str:
+        """Old log-probs: the policy's at the start of the step, recomputed by the actor.
 
-    def filter_batch(self, algorithm: "Algorithm") -> str:
-        """Let the algorithm drop samples (dynamic sampling, ...) before log-probs are computed."""
-        return self.node("filter", lambda ctx: algorithm.filter_batch(ctx.batch), reads=("scores",),
-                         writes=(BATCH,))
-
-    def actor_log_probs(self) -> str:
-        """Log-probs of the responses under the policy that generated them (old log-probs)."""
+        Recomputing also measures the engine's log-probs against the trainer's and stops a step
+        whose gap says the weight sync broke (``rollout.max_log_prob_gap``). ``from_rollout``
+        takes the engine's own log-probs instead (no extra forward pass, and no check).
+        """
+        if from_rollout:
+            return self.node("old_log_probs", _rollout_log_probs, reads=("response_ids",), writes=("old_log_probs",))
         return self.node("old_log_probs", _old_log_probs, reads=("response_ids",), writes=("old_log_probs",),
                          role="actor")
 
@@ -287,24 +282,20 @@ class DataflowBuilder:
         """Critic value of each response token."""
         return self.node("values", _values, reads=("response_ids",), writes=("values",), role="critic")
 
-    def kl_in_reward(self, algorithm: "Algorithm") -> str:
-        """Subtract ``kl_coef * KL`` from the token rewards (PPO's KL-in-reward)."""
-        return self.node("kl_reward", lambda ctx: _kl_reward(ctx, algorithm),
+    def kl_in_reward(self, *, kl_coef: float, estimator: str) -> str:
+        """Subtract ``kl_coef * KL(policy || reference)`` from the token rewards (PPO's KL-in-reward)."""
+        return self.node("kl_reward", lambda ctx: _kl_reward(ctx, kl_coef, estimator),
                          reads=("token_rewards", "old_log_probs", "ref_log_probs"), writes=("token_rewards",))
 
-    def compute_advantages(self, algorithm: "Algorithm", *, reads: Sequence[str] = ("token_rewards",)) -> str:
-        """Advantages and returns from the algorithm's estimator."""
+    def compute_advantages(self, algorithm: Algorithm, *, reads: Sequence[str] = ("token_rewards",)) -> str:
+        """Advantages and returns from the algorithm's estimator (``reads``: the fields it uses)."""
         def fn(ctx: StepContext) -> dict[str, torch.Tensor]:
             advantages, returns = algorithm.compute_advantages(ctx.batch)
             return {"advantages": advantages, "returns": returns}
 
         return self.node("advantages", fn, reads=tuple(reads), writes=("advantages", "returns"))
 
-    def compute_gae(self, algorithm: "Algorithm") -> str:
-        """GAE advantages (the algorithm's estimator, reading rewards and critic values)."""
-        return self.compute_advantages(algorithm, reads=("token_rewards", "values"))
-
-    def update_critic(self, algorithm: "Algorithm") -> str:
+    def update_critic(self, algorithm: Algorithm) -> str:
         """Fit the critic to the returns."""
         def fn(ctx: StepContext) -> None:
             cfg = algorithm.config
@@ -313,7 +304,7 @@ class DataflowBuilder:
 
         return self.node("update_critic", fn, reads=("returns", "values"), role="critic")
 
-    def update_actor(self, algorithm: "Algorithm", *,
+    def update_actor(self, algorithm: Algorithm, *,
                      reads: Sequence[str] = ("advantages", "old_log_probs")) -> str:
         """Optimise the policy with the algorithm's loss (``reads``: the fields that loss uses)."""
         def fn(ctx: StepContext) -> None:
@@ -323,147 +314,20 @@ class DataflowBuilder:
 
         return self.node("update_actor", fn, reads=tuple(reads), role="actor")
 
-    def sync_weights(self) -> str:
-        """Push the updated policy weights into the rollout engine."""
-        def fn(ctx: StepContext) -> None:
-            from verl_core.rollout_utils import sync_rollout_weights
-
-            sync_rollout_weights(ctx.rollout, ctx.actor)
-
-        updates = [n.name for n in self._nodes if n.name == "update_actor"]
-        return self.node("sync_weights", fn, after=tuple(updates), role="rollout")
-
-
-def standard_dataflow(df: DataflowBuilder, algorithm: "Algorithm") -> None:
-    """The usual policy-gradient step; which nodes appear follows from the algorithm's needs."""
-    needs = algorithm.requirements()
-    df.actor_generate()
-    df.reward_score()
-    df.filter_batch(algorithm)
-    df.actor_log_probs()
-    if needs.reference:
-        df.reference_log_probs()
-    if needs.critic:
-        df.critic_values()
-    if needs.reference and algorithm.config.kl_in_reward:
-        df.kl_in_reward(algorithm)
-    if needs.critic:
-        df.compute_gae(algorithm)
-        df.update_critic(algorithm)
-    else:
-        df.compute_advantages(algorithm)
-    df.update_actor(algorithm)
-    df.sync_weights()
-
 
 # ---------------------------------------------------------------- node bodies
-def _generate(ctx: StepContext) -> Batch:
-    from verl_core.rollout_utils import generate_batch
-
-    return generate_batch(ctx.rollout, ctx.prompts, ctx.sampling)
-
-
-def _reward(ctx: StepContext) -> dict[str, torch.Tensor]:
-    return _score(ctx, ctx.batch)
-
-
-def _score(ctx: StepContext, batch: Batch, *, record: bool = True) -> dict[str, torch.Tensor]:
-    """Scores and token rewards of ``batch``; ``record`` adds the reward metrics to the step's."""
-    from verl_core.algorithms.functional import scores_to_token_rewards
-
-    scores, metrics = ctx.reward.score(batch)
-    if record:
-        lengths = batch.response_attention_mask.sum(-1).float()
-        ctx.metrics.update(metrics)
-        ctx.metrics.update({
-            "reward/mean": float(scores.mean()),
-            "reward/max": float(scores.max()),
-            "reward/min": float(scores.min()),
-            "response_length/mean": float(lengths.mean()),
-            "response_length/clip_frac": sum(r == "length" for r in batch.finish_reasons) / max(1, len(lengths)),
-        })
-    return {"scores": scores, "token_rewards": scores_to_token_rewards(scores, batch.response_mask)}
-
-
-def _generate_until_full(ctx: StepContext, algorithm: "Algorithm", max_extra_rounds: int) -> Batch:
-    from verl_core.rollout_utils import generate_batch
-
-    target = len(ctx.prompts)
-    prompts = ctx.prompts
-    first: Batch | None = None
-    kept: list[Batch] = []
-    kept_groups: list[int] = []
-    generated = 0
-    rounds = 0
-    for rounds in range(max_extra_rounds + 1):
-        if rounds > 0:
-            if ctx.draw_prompts is None:
-                break
-            prompts = ctx.draw_prompts()
-        sampling = ctx.sampling
-        if rounds > 0 and sampling.seed is not None:
-            # A fresh seed per round: the same seed on new prompts would correlate the samples.
-            sampling = dataclasses.replace(sampling, seed=sampling.seed + 7919 * rounds)
-        batch = generate_batch(ctx.rollout, prompts, sampling)
-        # Group ids restart at 0 in every round; shift them so groups of different rounds stay apart.
-        batch = batch.replace(group_ids=batch.group_ids + rounds * target)
-        # The reward metrics describe the step's own prompts, as for every other algorithm.
-        batch = batch.replace(**_score(ctx, batch, record=rounds == 0))
-        generated += len(batch)
-        if first is None:
-            first = batch
-        survivors = algorithm.filter_batch(batch)
-        if len(survivors):
-            kept.append(survivors)
-            kept_groups += list(dict.fromkeys(survivors.group_ids.tolist()))
-        if len(kept_groups) >= target:
-            break
-    ctx.metrics.update({
-        "dynamic_sampling/rounds": float(rounds + 1),
-        "dynamic_sampling/generated_samples": float(generated),
-        "dynamic_sampling/kept_groups": float(min(len(kept_groups), target)),
-        "dynamic_sampling/fallback_unfiltered": float(not kept),
-    })
-    if not kept:
-        return first
-    batch = Batch.concat(kept)
-    wanted = set(kept_groups[:target])
-    return batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in wanted])
-
-
-def _greedy_baseline(ctx: StepContext, name: str) -> dict[str, torch.Tensor]:
-    from verl_core.rollout_utils import generate_batch
-
-    b = ctx.batch
-    group_ids = b.group_ids.tolist()
-    first_row: dict[int, int] = {}
-    for i, g in enumerate(group_ids):
-        first_row.setdefault(g, i)
-    rows = []
-    for i in first_row.values():
-        rows.append({"prompt_ids": b.prompt_ids[i][b.prompt_mask[i].bool()].tolist(),
-                     **{key: values[i] for key, values in b.meta.items()}})
-    sampling = dataclasses.replace(ctx.sampling, n=1, greedy=True)
-    greedy = generate_batch(ctx.rollout, rows, sampling)
-    scores, _ = ctx.reward.score(greedy)
-    per_group = dict(zip(first_row, scores.tolist()))
-    ctx.metrics["baseline/greedy_reward_mean"] = float(scores.mean())
-    return {EXTRAS_PREFIX + name: torch.tensor([per_group[g] for g in group_ids], dtype=torch.float32)}
+def _rollout_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:
+    if ctx.batch.rollout_log_probs is None:
+        raise ValueError("algorithm.use_rollout_log_probs is set but the rollout engine returned no log-probs")
+    return {"old_log_probs": ctx.batch.rollout_log_probs}
 
 
 def _old_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:
-    if ctx.algorithm.config.use_rollout_log_probs:
-        if ctx.batch.rollout_log_probs is None:
-            raise ValueError("algorithm.use_rollout_log_probs is set but the rollout engine returned no log-probs")
-        return {"old_log_probs": ctx.batch.rollout_log_probs}
+    from verl_core.rollout_utils import check_log_prob_gap
+
     old = ctx.actor.compute_log_probs(ctx.batch, with_entropy=False).log_probs
     if ctx.batch.rollout_log_probs is not None:
-        # How far the rollout engine's probabilities are from the trainer's (0 for an exact engine).
-        from verl_core.algorithms.functional import masked_mean
-
-        gap = (old - ctx.batch.rollout_log_probs).abs() * ctx.batch.response_mask
-        ctx.metrics["rollout/log_prob_diff_mean"] = float(masked_mean(gap, ctx.batch.response_mask))
-        ctx.metrics["rollout/log_prob_diff_max"] = float(gap.max())
+        check_log_prob_gap(ctx, old, ctx.batch)
     return {"old_log_probs": old}
 
 
@@ -475,10 +339,10 @@ def _values(ctx: StepContext) -> dict[str, torch.Tensor]:
     return {"values": ctx.critic.compute_values(ctx.batch)}
 
 
-def _kl_reward(ctx: StepContext, algorithm: "Algorithm") -> dict[str, torch.Tensor]:
+def _kl_reward(ctx: StepContext, kl_coef: float, estimator: str) -> dict[str, torch.Tensor]:
     from verl_core.algorithms.functional import kl_penalty, masked_mean
 
     b = ctx.batch
-    kl = kl_penalty(b.old_log_probs, b.ref_log_probs, algorithm.config.kl_estimator) * b.response_mask
+    kl = kl_penalty(b.old_log_probs, b.ref_log_probs, estimator) * b.response_mask
     ctx.metrics["ppo/kl_in_reward"] = float(masked_mean(kl, b.response_mask))
-    return {"token_rewards": b.token_rewards - algorithm.config.kl_coef * kl}
+    return {"token_rewards": b.token_rewards - kl_coef * kl}

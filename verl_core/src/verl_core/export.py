@@ -28,7 +28,7 @@ def export_checkpoint(path: str | os.PathLike, out_dir: str | os.PathLike, *,
     if not config_file.is_file():
         raise CheckpointError(f"{ckpt} has no config.toml; it was not written by verl")
     cfg = resolve_config(apply_overrides(load_raw_config(config_file), ["run.resume=\"never\""]), registry)
-    model_path = resolve_model_path(cfg.model.path)
+    model_path = resolve_model_path(cfg.model.path, registry)
     spec = ModelSpec(path=model_path, tokenizer_path=cfg.model.tokenizer or model_path, dtype=cfg.model.dtype,
                      trust_remote_code=cfg.model.trust_remote_code)
     backend = registry.load("backend", cfg.backend.name)(cfg.backend.config)

@@ -1,9 +1,9 @@
 """Lifecycle hooks: what plugins can observe while a run goes.
 
-Hooks carry events (run and step start/end, metrics, validation, checkpoints); they never
-change the dataflow. Implementations come from the ``verl.loggers`` entry points chosen in
-``run.loggers`` and from every installed ``verl.hooks`` plugin (minus ``run.disable_hooks``).
-A hook plugin that fails to load is reported and skipped; the run goes on without it.
+Hooks carry events (run and step start/end, metrics, validation, checkpoints); they never change the
+dataflow. Implementations come from the ``verl.loggers`` entry points chosen in ``run.loggers`` and from
+every installed ``verl.hooks`` plugin (minus ``run.disable_hooks``). A hook plugin that fails to load is
+reported and skipped; the run goes on without it.
 
 Writing one::
 
@@ -70,16 +70,14 @@ def build_plugin_manager(registry: PluginRegistry, *, loggers: Sequence[str],
                          disable_hooks: Sequence[str] = ()) -> pluggy.PluginManager:
     """A plugin manager with the chosen loggers and the installed hook plugins registered.
 
-    Loggers were selected by the user, so one that cannot load is an error; hook plugins were
-    merely installed, so a broken one only produces a warning.
+    Loggers were selected by the user, so one that cannot load is an error; hook plugins were merely
+    installed, so a broken one only produces a warning.
     """
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(HookSpecs)
     for name in loggers:
         pm.register(_instantiate(registry.load("logger", name)), name=f"logger:{name}")
-    for name in registry.names("hook"):
-        if name in disable_hooks:
-            continue
+    for name in [n for n in registry.names("hook") if n not in disable_hooks]:
         try:
             plugin = _instantiate(registry.load("hook", name))
         except PluginError as exc:

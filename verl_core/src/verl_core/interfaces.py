@@ -10,14 +10,18 @@ check an implementation against them.
 from __future__ import annotations
 
 import abc
-import dataclasses
+import contextlib
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
-import torch
+from typing import TYPE_CHECKING
 
-from verl_core.batch import Batch
+# Annotations only: importing the contracts costs no torch (reward worker processes read RewardInput).
+if TYPE_CHECKING:
+    import torch
+
+    from verl_core.batch import Batch
 
 __all__ = [
     "Role",
@@ -34,10 +38,13 @@ __all__ = [
     "RolloutEngine",
     "RolloutConfig",
     "Requirements",
+    "RolloutRequest",
     "Algorithm",
     "AlgorithmConfig",
     "RewardFunction",
     "RewardInput",
+    "RewardError",
+    "RewardScorer",
     "Environment",
     "StepResult",
     "Executor",
@@ -161,11 +168,15 @@ class BackendConfig:
         eps: AdamW epsilon.
         warmup_steps: linear warm-up length in training steps. The learning rate changes once
             per training step (per update call, however many optimizer steps its mini-batches and
-            epochs take), as in verl, so the schedule does not depend on batch sizes.
+            epochs take), as in verl, so the schedule does not depend on batch sizes. Training
+            step ``k`` (1-based) of the warm-up uses ``lr * k / warmup_steps``: the first update
+            already moves, and the last warm-up step reaches ``lr``.
         lr_schedule: ``"constant"`` or ``"cosine"`` after warm-up.
         min_lr_ratio: floor of the cosine schedule as a fraction of ``lr``.
         total_training_steps: training steps the cosine schedule spans; 0 lets the trainer fill
-            in ``run.max_steps``.
+            in ``run.max_steps``. The cosine starts at ``lr`` on the first step after warm-up and
+            falls over ``total_training_steps - warmup_steps`` steps to ``lr * min_lr_ratio``,
+            reached on step ``total_training_steps + 1`` (the first one past the span) and kept.
         grad_clip: clip the global gradient norm to this (0 disables).
         micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
         log_prob_micro_batch_size: samples per forward when only computing log-probs.
@@ -243,6 +254,14 @@ class TrainingWorker(abc.ABC):
     def hf_module(self) -> torch.nn.Module:
         """The live Hugging Face module, for engines that share weights in the same process."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its module in-process")
+
+    def generation_module(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """A context giving a module an in-process engine can ``generate`` with on the live weights.
+
+        The default yields :meth:`hf_module`; a backend that shards its parameters gathers them
+        for the duration of the context (once per generation call, not once per token).
+        """
+        return contextlib.nullcontext(self.hf_module())
 
     @dispatch("all")
     def save_state(self, path: str) -> None:
@@ -323,6 +342,15 @@ class RolloutConfig:
         max_new_tokens: most tokens in a response.
         val_temperature: temperature for validation (0 means greedy).
         val_n: samples per prompt in validation.
+        max_log_prob_gap: the weight-sync guard: when the engine's log-probs of the sampled tokens
+            differ from the trainer's by more than this (mean absolute difference per token), the
+            engine is not running the actor's weights and the step stops before training on them.
+            0 turns the guard off; unset, it follows ``model.dtype``: 1e-3 for float32 (measured on
+            the built-in task: about 3e-7 with a good vLLM sync, 0.02 with one tensor scaled by 1.1,
+            3 with one zeroed, 0.06 one step after the syncs stop: bench/results/weight_sync_guard.md),
+            0.1 for 16-bit weights, whose kernels differ by more between engines.
+        log_prob_gap_action: ``"error"`` stops the run naming the step, the gap and the engine;
+            ``"warn"`` logs the same and goes on.
     """
 
     n: int = 8
@@ -332,6 +360,8 @@ class RolloutConfig:
     max_new_tokens: int = 64
     val_temperature: float = 0.0
     val_n: int = 1
+    max_log_prob_gap: float | None = None
+    log_prob_gap_action: Literal["error", "warn"] = "error"
 
     def validate(self) -> None:
         if self.n < 1:
@@ -342,6 +372,8 @@ class RolloutConfig:
             raise ValueError("top_p: must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens: must be at least 1")
+        if self.max_log_prob_gap is not None and self.max_log_prob_gap < 0:
+            raise ValueError("max_log_prob_gap: must be >= 0 (0 turns the weight-sync guard off)")
 
     def sampling(self, *, seed: int | None = None, validation: bool = False) -> SamplingParams:
         if validation:
@@ -428,60 +460,36 @@ class RolloutEngine(abc.ABC):
 # ----------------------------------------------------------------------------- algorithms
 @dataclass
 class AlgorithmConfig:
-    """Settings shared by policy-gradient algorithms. Algorithms subclass it.
+    """Settings every algorithm has. Algorithms subclass it (the PPO family through
+    :class:`~verl_core.algorithms.base.PPOFamilyConfig`).
 
     Attributes:
-        clip_ratio_low: lower PPO clip range (ratio >= 1 - clip_ratio_low).
-        clip_ratio_high: upper PPO clip range (ratio <= 1 + clip_ratio_high).
-        clip_ratio_c: dual-clip bound for negative advantages (0 disables).
-        kl_coef: weight of the KL to the reference policy (0 = no reference model needed).
-        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` or ``"low_var_kl"``.
-        kl_in_reward: subtract the KL from token rewards (PPO style) instead of adding a loss term.
-        entropy_coef: entropy bonus weight.
-        loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or
-            ``"seq-mean-token-sum-norm"``.
         epochs: passes over each batch per step.
         mini_batch_size: samples per optimizer step, counted over all data-parallel ranks (each
             rank steps on its equal share; 0 = the whole batch, one step per epoch).
-        use_rollout_log_probs: take old log-probs from the rollout engine instead of recomputing.
-        rollout_is_cap: truncated importance sampling between rollout and training log-probs: each
-            token's policy-gradient loss is weighted by ``min(exp(old - rollout log-prob), cap)``,
-            correcting for an inference engine whose probabilities differ from the trainer's
-            (Yao et al., 2025, "Your efficient RL framework secretly brings you off-policy RL
-            training"); 0 disables. Needs recomputed old log-probs (``use_rollout_log_probs = false``).
+
+    Every field must change what the step trains on (advantages, losses, update settings, the
+    rollout request); the conformance suite moves each off its default and checks
+    (:mod:`verl_core.testing`). The exceptions are declared, with the reason, in two class
+    attributes that subclasses extend (they are merged along the MRO):
+
+    * ``inert_fields``: field -> why it never changes them (a data column name: it acts when the
+      batch is built from data, which the suite's fixed batch skips; say where it is tested);
+    * ``inert_when``: ``(field, other)`` -> why ``field`` stops mattering once ``other`` moves (an
+      epsilon of a division that ``other`` turns off).
     """
 
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 0.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "low_var_kl"
-    kl_in_reward: bool = False
-    entropy_coef: float = 0.0
-    loss_agg_mode: str = "token-mean"
+    inert_fields: ClassVar[dict[str, str]] = {}
+    inert_when: ClassVar[dict[tuple[str, str], str]] = {}
+
     epochs: int = 1
     mini_batch_size: int = 0
-    use_rollout_log_probs: bool = False
-    rollout_is_cap: float = 0.0
 
     def validate(self) -> None:
-        from verl_core.algorithms import functional as F
-
-        if self.kl_estimator not in F.KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator: must be one of {sorted(F.KL_ESTIMATORS)}")
-        if self.loss_agg_mode not in F.LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode: must be one of {sorted(F.LOSS_AGG_MODES)}")
-        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
-            raise ValueError("clip_ratio_low/clip_ratio_high: must be >= 0")
         if self.epochs < 1:
             raise ValueError("epochs: must be at least 1")
         if self.mini_batch_size < 0:
             raise ValueError("mini_batch_size: must be >= 0 (0 = whole batch)")
-        if self.rollout_is_cap < 0:
-            raise ValueError("rollout_is_cap: must be >= 0 (0 disables the correction)")
-        if self.rollout_is_cap > 0 and self.use_rollout_log_probs:
-            raise ValueError("rollout_is_cap: corrects recomputed old log-probs towards the rollout's; with "
-                             "use_rollout_log_probs = true the weights are all 1. Set one of them.")
 
 
 @dataclass(frozen=True)
@@ -492,12 +500,30 @@ class Requirements:
     reference: bool = False
 
 
-class Algorithm(abc.ABC):
-    """An RL algorithm: its dataflow and the small pure functions the dataflow calls.
+@dataclass(frozen=True)
+class RolloutRequest:
+    """What an algorithm asks of the run's rollout stage, beyond generating and scoring.
 
-    Subclasses set ``Config`` and implement :meth:`compute_advantages`; most reuse the PPO-clip
-    :meth:`policy_loss`. The controller never looks at an algorithm's name: everything it needs
-    comes through these methods.
+    Attributes:
+        filter: keeps the samples worth training on (whole groups, e.g. DAPO's groups whose rewards
+            differ); applied to the scored batch before anything else sees it.
+        max_extra_rounds: while fewer groups than the step's prompts survive ``filter``, draw more
+            prompts and generate again, at most this many times (dynamic sampling); 0 filters once.
+        greedy_baseline: also score one greedy response per prompt with the current policy and put
+            it in ``batch.extras["baseline_scores"]`` (ReMax's baseline).
+    """
+
+    filter: Callable[[Batch], Batch] | None = None
+    max_extra_rounds: int = 0
+    greedy_baseline: bool = False
+
+
+class Algorithm(abc.ABC):
+    """An RL or preference algorithm: its dataflow and the small pure functions the dataflow calls.
+
+    The controller never looks at an algorithm's name: everything it needs comes through these
+    methods. Policy-gradient algorithms usually subclass
+    :class:`~verl_core.algorithms.base.PolicyGradient`, which declares the standard step.
     """
 
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
@@ -506,41 +532,62 @@ class Algorithm(abc.ABC):
         self.config = config
 
     def requirements(self) -> Requirements:
-        """Roles this algorithm needs; by default a reference only when a KL term is used."""
-        return Requirements(critic=False, reference=self.config.kl_coef > 0)
+        """Roles this algorithm needs besides the actor."""
+        return Requirements()
 
-    def build_dataflow(self, df: "Any") -> None:
-        """Declare the nodes of one RL step on a :class:`~verl_core.dataflow.DataflowBuilder`."""
-        from verl_core.dataflow import standard_dataflow
+    @abc.abstractmethod
+    def build_dataflow(self, df: Any) -> None:
+        """Declare the nodes of one RL step on a :class:`~verl_core.dataflow.DataflowBuilder`.
 
-        standard_dataflow(df, self)
-
-    def filter_batch(self, batch: Batch) -> Batch:
-        """Drop samples before advantages are computed (e.g. groups with equal rewards)."""
-        return batch
+        Online algorithms start with ``df.rollout(...)`` (the run's rollout stage), offline ones with
+        ``df.batch_from_data(...)``. The trainer syncs the rollout engine's weights after the step.
+        """
 
     @abc.abstractmethod
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(advantages, returns)``, both ``[B, R]``, from a scored batch."""
 
+    @abc.abstractmethod
     def policy_loss(self, *, batch: Batch, log_probs: torch.Tensor | None = None,
                     entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """PPO-clip policy loss with optional KL and entropy terms."""
-        from verl_core.algorithms import functional as F
-
-        return F.ppo_policy_loss(self.config, batch=batch, log_probs=log_probs, entropy=entropy)
+        """The actor's loss on one micro-batch (a :class:`LossFn`)."""
 
     def value_loss(self, *, batch: Batch, values: torch.Tensor | None = None, log_probs: torch.Tensor | None = None,
                    entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Clipped value loss (only algorithms with a critic call this)."""
+        """The critic's loss (only algorithms with a critic are asked for it)."""
         raise NotImplementedError(f"{type(self).__name__} has no critic")
 
 
 # ----------------------------------------------------------------------------- rewards
-# Defined next to the reward loaders, which also run in torch-free reward worker processes.
-from verl_core.reward_plugins import RewardInput  # noqa: E402
+@dataclass
+class RewardInput:
+    """What a batch reward function is given: parallel lists, one entry per response.
 
+    Attributes:
+        responses: the decoded responses.
+        prompts: the rendered prompts the responses answer.
+        ground_truths: each row's ``reward_model.ground_truth`` (or answer column).
+        data_sources: each row's ``data_source``.
+        extra_infos: each row's ``extra_info`` dict, passed through untouched.
+    """
+
+    responses: list[str]
+    prompts: list[str]
+    ground_truths: list[Any]
+    data_sources: list[str]
+    extra_infos: list[dict[str, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    def select(self, indices: Sequence[int]) -> "RewardInput":
+        """The rows at ``indices``, in that order."""
+        extras = self.extra_infos or [{} for _ in self.responses]
+        return RewardInput(responses=[self.responses[i] for i in indices], prompts=[self.prompts[i] for i in indices],
+                           ground_truths=[self.ground_truths[i] for i in indices],
+                           data_sources=[self.data_sources[i] for i in indices],
+                           extra_infos=[extras[i] for i in indices])
 
 
 @runtime_checkable
@@ -548,6 +595,57 @@ class RewardFunction(Protocol):
     """Scores a batch of responses; may be ``async``. Returns one float per response."""
 
     def __call__(self, inputs: RewardInput) -> Sequence[float] | Awaitable[Sequence[float]]: ...
+
+
+class RewardError(RuntimeError):
+    """A reward failed on a sample and the run cannot go on (the CLI reports it as a user error)."""
+
+
+class RewardScorer(abc.ABC):
+    """The run's reward stage: one score per generated response (``verl.scorers``, ``reward.scorer``).
+
+    The trainer builds it once, before any model loads, from the ``[reward]`` section: ``reward.scorer``
+    names the plugin and the rest of the section fills its ``Config``. ``verl-rewards`` provides
+    ``default``, which combines :class:`RewardFunction` plugins by data_source and weight.
+
+    Args:
+        config: the ``Config`` instance (``None`` when the class has no ``Config``).
+        registry: the plugin registry, to find reward functions in.
+        tokenizer: the policy's tokenizer (to decode responses).
+        data_sources: every data_source the data holds; resolve their rewards now, so a missing one
+            fails before any model loads.
+    """
+
+    Config: ClassVar[type | None] = None
+
+    def __init__(self, *, config: Any, registry: Any, tokenizer: Any, data_sources: Iterable[str] = ()) -> None:
+        self.config = config
+        self.registry = registry
+        self.tokenizer = tokenizer
+
+    @abc.abstractmethod
+    def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores ``[B]`` for a generated batch (decoded with ``tokenizer``), plus ``reward/...`` metrics."""
+
+    @abc.abstractmethod
+    def score_texts(self, responses: Sequence[str], meta: dict[str, list[Any]],
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores ``[N]`` for decoded responses, plus metrics (validation calls this).
+
+        ``meta`` holds per-response lists: ``ground_truth``, ``data_source``, ``extra_info``,
+        ``prompt_text`` and ``prompt_messages``.
+        """
+
+    def reward_model_path(self) -> str | None:
+        """A reward model the trainer starts on the training backend as the ``reward_model`` role, if any."""
+        return None
+
+    def attach_reward_model(self, group: Any, tokenizer: Any) -> None:
+        """Take the started ``reward_model`` worker group and its tokenizer (see :meth:`reward_model_path`)."""
+        raise NotImplementedError(f"{type(self).__name__} uses no reward model")
+
+    def close(self) -> None:
+        """Release what the scorer holds (worker processes); called when the run ends."""
 
 
 # ----------------------------------------------------------------------------- environments
@@ -660,3 +758,38 @@ class Executor(abc.ABC):
 
     def shutdown(self) -> None:
         """Stop all workers."""
+
+
+# ----------------------------------------------------------------------------- models and datasets built by name
+class ModelProvider(abc.ABC):
+    """A model verl can build locally by name: ``model.path = "builtin:<name>"``.
+
+    Registered under ``verl.models`` with the name after ``builtin:``; verl builds it with no
+    arguments. ``preset`` holds the settings the model was tuned with, by config section
+    (``{"backend": {"lr": 1e-4}}``); they are layered under the user's config, whose settings win,
+    as a Hugging Face model ships its generation config.
+    """
+
+    preset: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @abc.abstractmethod
+    def model_dir(self) -> str:
+        """The local Hugging Face model directory, built and cached on first use."""
+
+
+class DatasetProvider(abc.ABC):
+    """A dataset verl can build locally by name: ``data.train`` / ``data.val = "builtin:<name>"``.
+
+    Registered under ``verl.datasets`` with the name after ``builtin:``; verl builds it with no
+    arguments. With ``data.train`` a ``builtin:`` dataset and no ``data.val``, validation reads
+    its ``data.val_split`` split.
+    """
+
+    splits: ClassVar[tuple[str, ...]] = ("train",)
+
+    @abc.abstractmethod
+    def rows(self, *, split: str) -> list[dict[str, Any]]:
+        """The rows of ``split`` in the verl row format; ``ValueError`` for a split it lacks."""
+
+
+__all__ += ["ModelProvider", "DatasetProvider"]

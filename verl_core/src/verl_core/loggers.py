@@ -1,4 +1,7 @@
-"""Built-in metric sinks, registered as ``verl.loggers`` plugins like any third-party logger."""
+"""Built-in metric sinks, registered as ``verl.loggers`` plugins like any third-party logger.
+
+``tensorboard`` and ``wandb`` come from the verl-loggers distribution.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from typing import Any
 
 from verl_core.hooks import hookimpl
 
-__all__ = ["ConsoleLogger", "JsonlLogger", "TensorBoardLogger", "WandbLogger"]
+__all__ = ["ConsoleLogger", "JsonlLogger", "scalars"]
 
 
-def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of ``metrics`` as floats (what a metric sink can plot)."""
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -90,7 +94,7 @@ class JsonlLogger:
 
     @hookimpl
     def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in _scalars(metrics).items()}}
+        row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in scalars(metrics).items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
@@ -98,56 +102,3 @@ class JsonlLogger:
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
         if self._file is not None:
             self._file.close()
-
-
-class TensorBoardLogger:
-    """Writes scalars to ``<run_dir>/tensorboard`` (needs the ``tensorboard`` package)."""
-
-    def __init__(self) -> None:
-        self._writer = None
-
-    @hookimpl
-    def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise RuntimeError("the tensorboard logger needs `pip install tensorboard`") from exc
-        self._writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-
-    @hookimpl
-    def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        for key, value in _scalars(metrics).items():
-            self._writer.add_scalar(key, value, step)
-        self._writer.flush()
-
-    @hookimpl
-    def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
-        if self._writer is not None:
-            self._writer.close()
-
-
-class WandbLogger:
-    """Logs to Weights & Biases (needs the ``wandb`` package; honours ``WANDB_MODE``)."""
-
-    def __init__(self) -> None:
-        self._run = None
-
-    @hookimpl
-    def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int) -> None:
-        try:
-            import wandb
-        except ImportError as exc:
-            raise RuntimeError("the wandb logger needs `pip install wandb`") from exc
-        from verl_core.config import config_to_dict
-
-        self._run = wandb.init(project=config.run.project, name=config.run.name or Path(run_dir).name,
-                               dir=str(run_dir), config=config_to_dict(config), resume="allow")
-
-    @hookimpl
-    def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._run.log(_scalars(metrics), step=step)
-
-    @hookimpl
-    def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
-        if self._run is not None:
-            self._run.finish(exit_code=0 if status == "completed" else 1)

@@ -1,30 +1,28 @@
 """Plugin registry: how verl finds, checks and loads its plugins.
 
-Everything pluggable in verl (training backends, rollout engines, algorithms,
-rewards, environments, executors, loggers, hooks) is provided through Python
-entry points, and verl-core registers its own built-ins the same way any third
-party does. This module is the single place that reads those entry points.
+Everything pluggable in verl (training backends, rollout engines, algorithms, rewards, environments,
+executors, loggers, hooks, models and datasets built by name, CLI commands) is provided through Python
+entry points, and verl-core registers its own built-ins the same way any third party does. This module
+is the single place that reads those entry points.
 
 It works in two stages on purpose:
 
-* **Listing** (:meth:`PluginRegistry.list`, :meth:`~PluginRegistry.names`,
-  :meth:`~PluginRegistry.info`) reads installed distribution metadata only.
-  Nothing is imported, so ``verl plugins list`` stays fast and a plugin with a
-  heavy or broken import (CUDA libraries, a missing optional dependency) can
-  still be shown and diagnosed.
-* **Loading** (:meth:`PluginRegistry.load`, :meth:`~PluginRegistry.load_all`)
-  imports the entry point's object, after the metadata checks have passed.
+* **Listing** (:meth:`PluginRegistry.list`, :meth:`~PluginRegistry.names`, :meth:`~PluginRegistry.info`)
+  reads installed distribution metadata only. Nothing is imported, so ``verl plugins list`` stays fast
+  and a plugin with a heavy or broken import (CUDA libraries, a missing optional dependency) can still
+  be shown and diagnosed.
+* **Loading** (:meth:`PluginRegistry.load`, :meth:`~PluginRegistry.load_all`) imports the entry point's
+  object, after the metadata checks have passed.
 
-A distribution that provides plugins declares the plugin-API version it
-targets in its ``pyproject.toml``::
+A distribution that provides plugins declares the plugin-API version it targets in its
+``pyproject.toml``::
 
     [project.entry-points."verl.plugin_api"]
     v1 = "my_package"
 
-The entry point's *name* (``v1``) is the declaration; its value is ignored.
-A distribution without a declaration, targeting a version this verl-core does
-not serve, or whose ``Requires-Dist`` on ``verl-core`` excludes the installed
-verl-core, is reported as ``incompatible`` and is never imported.
+The entry point's *name* (``v1``) is the declaration; its value is ignored. A distribution without a
+declaration, targeting a version this verl-core does not serve, or whose ``Requires-Dist`` on
+``verl-core`` excludes the installed verl-core, is reported as ``incompatible`` and is never imported.
 
 Example:
     >>> registry = PluginRegistry()
@@ -52,34 +50,20 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
-    "FIRST_PARTY_PLUGINS",
-    "KINDS",
-    "PLUGIN_API_GROUP",
-    "PLUGIN_API_VERSION",
-    "SUPPORTED_PLUGIN_API_VERSIONS",
-    "DuplicatePluginError",
-    "IncompatiblePluginError",
-    "PluginError",
-    "PluginInfo",
-    "PluginLoadError",
-    "PluginRegistry",
-    "PluginStatus",
-    "PluginWarning",
-    "UnknownPluginError",
+    "BUILTIN_PREFIX", "KNOWN_DISTRIBUTIONS", "provider_of", "KINDS", "PLUGIN_API_GROUP", "PLUGIN_API_VERSION",
+    "SUPPORTED_PLUGIN_API_VERSIONS", "DuplicatePluginError", "IncompatiblePluginError", "PluginError",
+    "PluginInfo", "PluginLoadError", "PluginRegistry", "PluginStatus", "PluginWarning", "UnknownPluginError",
+    "load_builtin",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Plugin kind -> entry-point group that provides plugins of that kind.
 KINDS: dict[str, str] = {
-    "backend": "verl.backends",
-    "rollout": "verl.rollouts",
-    "algorithm": "verl.algorithms",
-    "reward": "verl.rewards",
-    "environment": "verl.environments",
-    "executor": "verl.executors",
-    "logger": "verl.loggers",
-    "hook": "verl.hooks",
+    "backend": "verl.backends", "rollout": "verl.rollouts", "algorithm": "verl.algorithms", "reward": "verl.rewards",
+    "environment": "verl.environments", "executor": "verl.executors", "logger": "verl.loggers", "hook": "verl.hooks",
+    "model": "verl.models", "dataset": "verl.datasets", "command": "verl.commands",
+    "config_section": "verl.config_sections", "scorer": "verl.scorers",
 }
 
 #: Entry-point group in which a distribution declares the plugin API it targets.
@@ -91,37 +75,39 @@ PLUGIN_API_VERSION = 1
 #: Plugin-API versions this verl-core can load plugins for.
 SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({1})
 
-_ALGO_CONTRIB = "verl-algo-contrib"
-
-#: (kind, name) -> distribution of plugins maintained by the verl project but
-#: shipped separately from verl-core. Used only to tell users what to install.
-FIRST_PARTY_PLUGINS: dict[tuple[str, str], str] = {
-    ("rollout", "vllm"): "verl-rollout-vllm",
-    ("rollout", "sglang"): "verl-rollout-sglang",
-    ("rollout", "openai"): "verl-rollout-vllm",
-    ("backend", "fsdp"): "verl-backend-fsdp",
-    ("backend", "megatron"): "verl-backend-megatron",
-    ("executor", "ray"): "verl-executor-ray",
-    **{
-        ("algorithm", name): _ALGO_CONTRIB
-        for name in (
-            "dapo",
-            "gspo",
-            "rloo",
-            "reinforce_pp",
-            "reinforce_pp_baseline",
-            "remax",
-            "drgrpo",
-            "cispo",
-            "gpg",
-            "opo",
-            "spin",
-            "dpo",
-            "kto",
-            "orpo",
-        )
-    },
+#: Distributions the verl project ships apart from verl-core, and what they provide, for install
+#: hints only (nothing here is ever loaded). A tuple names the plugins a distribution provides; ``"*"``
+#: marks the distribution where further plugins of that kind live, so a new contrib algorithm never
+#: edits this table: an unknown algorithm name, with verl-algo-contrib not installed, gets its hint.
+KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
+    "verl-backend-fsdp": {"backend": ("fsdp",)},
+    "verl-backend-megatron": {"backend": ("megatron",)},
+    "verl-rollout-vllm": {"rollout": ("vllm", "openai")},
+    "verl-rollout-sglang": {"rollout": ("sglang",)},
+    "verl-executor-ray": {"executor": ("ray",)},
+    "verl-algo-contrib": {"algorithm": "*"},
+    "verl-task-arithmetic": {"model": ("tiny-qwen2-addition",), "dataset": ("addition",),
+                             "reward": ("arithmetic",), "environment": ("arithmetic",)},
+    "verl-reward-rules": {"reward": ("gsm8k", "math", "exact_match")},
+    "verl-rewards": {"scorer": ("default",)},
+    "verl-data-prepare": {"command": ("data",)},
+    "verl-loggers": {"logger": ("tensorboard", "wandb")},
 }
+
+
+def provider_of(kind: str, name: str) -> str | None:
+    """The first-party distribution that provides plugin ``name`` of ``kind``, if one is known."""
+    for dist, kinds in KNOWN_DISTRIBUTIONS.items():
+        names = kinds.get(kind, ())
+        if names != "*" and name in names:
+            return dist
+    return None
+
+
+def _home_of(kind: str) -> str | None:
+    """The first-party distribution where further plugins of ``kind`` live (``"*"``), if any."""
+    return next((dist for dist, kinds in KNOWN_DISTRIBUTIONS.items() if kinds.get(kind) == "*"), None)
+
 
 PluginStatus = Literal["available", "incompatible", "broken", "duplicate"]
 
@@ -152,28 +138,20 @@ class UnknownPluginError(PluginError, LookupError):
     Attributes:
         installed: Names of all installed plugins of that kind.
         suggestions: Close matches to the requested name, best first.
-        install_hint: ``pip install ...`` command when the name is a known
-            first-party plugin whose distribution is not installed, else None.
+        install_hint: ``pip install ...`` command when the name is a known first-party plugin whose
+            distribution is not installed, else None.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        kind: str,
-        name: str,
-        installed: Sequence[str],
-        suggestions: Sequence[str],
-        install_hint: str | None,
-    ) -> None:
+    def __init__(self, message: str, *, kind: str, name: str, installed: Sequence[str],
+                 suggestions: Sequence[str], install_hint: str | None) -> None:
         super().__init__(message, kind=kind, name=name)
         self.installed = list(installed)
         self.suggestions = list(suggestions)
         self.install_hint = install_hint
 
 
-class IncompatiblePluginError(PluginError):
-    """The plugin's distribution does not match this verl-core.
+class _DistributionError(PluginError):
+    """A plugin error about one distribution.
 
     Attributes:
         distribution: Name of the distribution providing the plugin.
@@ -182,6 +160,10 @@ class IncompatiblePluginError(PluginError):
     def __init__(self, message: str, *, kind: str, name: str, distribution: str) -> None:
         super().__init__(message, kind=kind, name=name)
         self.distribution = distribution
+
+
+class IncompatiblePluginError(_DistributionError):
+    """The plugin's distribution does not match this verl-core."""
 
 
 class DuplicatePluginError(PluginError):
@@ -191,23 +173,13 @@ class DuplicatePluginError(PluginError):
         distributions: Names of all distributions providing it, sorted.
     """
 
-    def __init__(
-        self, message: str, *, kind: str, name: str, distributions: Sequence[str]
-    ) -> None:
+    def __init__(self, message: str, *, kind: str, name: str, distributions: Sequence[str]) -> None:
         super().__init__(message, kind=kind, name=name)
         self.distributions = list(distributions)
 
 
-class PluginLoadError(PluginError):
-    """Importing the plugin's entry point failed; the cause is chained.
-
-    Attributes:
-        distribution: Name of the distribution providing the plugin.
-    """
-
-    def __init__(self, message: str, *, kind: str, name: str, distribution: str) -> None:
-        super().__init__(message, kind=kind, name=name)
-        self.distribution = distribution
+class PluginLoadError(_DistributionError):
+    """Importing the plugin's entry point failed; the cause is chained."""
 
 
 class PluginWarning(UserWarning):
@@ -227,10 +199,9 @@ class PluginInfo:
         value: Entry-point value, ``"module:attr"``.
         distribution: Name of the distribution that provides the plugin.
         version: Version of that distribution.
-        status: ``"available"`` (can be loaded), ``"incompatible"`` (metadata
-            does not match this verl-core), ``"duplicate"`` (another
-            distribution provides the same kind and name) or ``"broken"``
-            (an earlier load of it failed).
+        status: ``"available"`` (can be loaded), ``"incompatible"`` (metadata does not match this
+            verl-core), ``"duplicate"`` (another distribution provides the same kind and name) or
+            ``"broken"`` (an earlier load of it failed).
         message: Why the status is not ``"available"``; ``""`` otherwise.
     """
 
@@ -246,8 +217,8 @@ class PluginInfo:
 class _DistMeta(NamedTuple):
     """The few metadata fields of one distribution the registry needs.
 
-    Kept separate from ``importlib.metadata.Distribution`` so that every check
-    works on plain data, whatever the metadata came from.
+    Kept separate from ``importlib.metadata.Distribution`` so that every check works on plain data,
+    whatever the metadata came from.
     """
 
     name: str
@@ -258,18 +229,14 @@ class _DistMeta(NamedTuple):
 
 def _read_distribution(dist: importlib_metadata.Distribution) -> _DistMeta | None:
     """Extract the fields the registry needs, or None for unusable metadata."""
-    # Half-uninstalled or corrupt dist-info directories exist in the wild; they
-    # must not stop discovery of everything else.
+    # Half-uninstalled or corrupt dist-info directories exist in the wild; they must not stop
+    # discovery of everything else.
     try:
         name = dist.metadata["Name"]
         if not name:
             return None
-        return _DistMeta(
-            name=name,
-            version=dist.version or "",
-            requires=tuple(dist.requires or ()),
-            entry_points=tuple(dist.entry_points),
-        )
+        return _DistMeta(name=name, version=dist.version or "", requires=tuple(dist.requires or ()),
+                         entry_points=tuple(dist.entry_points))
     except Exception as exc:  # noqa: BLE001 - any metadata defect means "skip it"
         logger.warning("Ignoring distribution with unreadable metadata: %s", exc)
         return None
@@ -288,19 +255,12 @@ def _installed_core_version() -> str:
 
 def _api_problem(dist: _DistMeta, core_version: str) -> str | None:
     """Return why ``dist`` targets an unsupported plugin API, or None if it is fine."""
-    declared: set[int] = set()
-    for ep in dist.entry_points:
-        if ep.group == PLUGIN_API_GROUP:
-            match = _API_DECLARATION.match(ep.name)
-            if match:
-                declared.add(int(match.group(1)))
+    matches = (_API_DECLARATION.match(ep.name) for ep in dist.entry_points if ep.group == PLUGIN_API_GROUP)
+    declared = {int(match.group(1)) for match in matches if match}
     if not declared:
-        return (
-            f"{dist.name} {dist.version} does not declare the verl plugin API it targets; "
-            f"its author should add to pyproject.toml: "
-            f'[project.entry-points."{PLUGIN_API_GROUP}"] '
-            f'v{PLUGIN_API_VERSION} = "<their_module>"'
-        )
+        return (f"{dist.name} {dist.version} does not declare the verl plugin API it targets; its author should add "
+                f'to pyproject.toml: [project.entry-points."{PLUGIN_API_GROUP}"] '
+                f'v{PLUGIN_API_VERSION} = "<their_module>"')
     if declared & SUPPORTED_PLUGIN_API_VERSIONS:
         return None
     targets = ", ".join(f"v{v}" for v in sorted(declared))
@@ -309,10 +269,8 @@ def _api_problem(dist: _DistMeta, core_version: str) -> str | None:
         advice = f"upgrade verl-core, or downgrade {dist.name} to a release targeting {serves}"
     else:
         advice = f"upgrade {dist.name} to a release targeting {serves}, or downgrade verl-core"
-    return (
-        f"{dist.name} {dist.version} targets plugin API {targets}; "
-        f"this verl-core (version {core_version}) serves {serves}; {advice}"
-    )
+    return (f"{dist.name} {dist.version} targets plugin API {targets}; "
+            f"this verl-core (version {core_version}) serves {serves}; {advice}")
 
 
 def _core_requirement_problem(dist: _DistMeta, core_version: str) -> str | None:
@@ -328,29 +286,24 @@ def _core_requirement_problem(dist: _DistMeta, core_version: str) -> str | None:
             continue  # Bad metadata elsewhere is not ours to judge.
         if canonicalize_name(req.name) != _CORE_DISTRIBUTION:
             continue
-        # Requirements behind an extra (`extra == "x"`) evaluate False with an
-        # empty extra, so only unconditional requirements are enforced.
+        # Requirements behind an extra (`extra == "x"`) evaluate False with an empty extra, so only
+        # unconditional requirements are enforced.
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
         if req.specifier and not req.specifier.contains(installed, prereleases=True):
-            return (
-                f"{dist.name} {dist.version} requires {_CORE_DISTRIBUTION}{req.specifier}, "
-                f"but verl-core {core_version} is installed; install a {dist.name} release "
-                f"compatible with verl-core {core_version}, or a verl-core matching "
-                f"{req.specifier}"
-            )
+            return (f"{dist.name} {dist.version} requires {_CORE_DISTRIBUTION}{req.specifier}, but verl-core "
+                    f"{core_version} is installed; install a {dist.name} release compatible with verl-core "
+                    f"{core_version}, or a verl-core matching {req.specifier}")
     return None
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class _Entry:
     """Mutable registry slot for one plugin: its info plus how to load it."""
 
-    __slots__ = ("info", "entry_point", "failure")
-
-    def __init__(self, info: PluginInfo, entry_point: importlib_metadata.EntryPoint) -> None:
-        self.info = info
-        self.entry_point = entry_point
-        self.failure: BaseException | None = None
+    info: PluginInfo
+    entry_point: importlib_metadata.EntryPoint
+    failure: BaseException | None = None
 
 
 # Lower sorts first: which entry `info()` reports when several share a name.
@@ -363,30 +316,23 @@ _STATUS_RANK = {"available": 0, "duplicate": 1, "broken": 2, "incompatible": 3}
 class PluginRegistry:
     """Discovers, checks and loads verl plugins from entry points.
 
-    Discovery is lazy: metadata is read on first use and then cached for the
-    life of the registry. Loaded objects are cached too.
+    Discovery is lazy: metadata is read on first use and then cached for the life of the registry.
+    Loaded objects are cached too. Every method taking a ``kind`` raises ``ValueError`` for one that is
+    not a key of :data:`KINDS`.
 
     Args:
-        paths: Directories to search for distributions, like ``sys.path``
-            entries. Defaults to ``sys.path``.
-        distributions: Distributions to use instead of searching ``paths``,
-            e.g. ``importlib.metadata.distributions(path=[...])`` or custom
-            ``importlib.metadata.Distribution`` subclasses in tests. Mutually
-            exclusive with ``paths``.
-        core_version: verl-core version to check plugins against. Defaults to
-            the running verl-core's version.
-
-    Raises:
-        ValueError: If both ``paths`` and ``distributions`` are given.
+        paths: Directories to search for distributions, like ``sys.path`` entries. Defaults to
+            ``sys.path``.
+        distributions: Distributions to use instead of searching ``paths``, e.g.
+            ``importlib.metadata.distributions(path=[...])`` or custom ``importlib.metadata.Distribution``
+            subclasses in tests. Mutually exclusive with ``paths``.
+        core_version: verl-core version to check plugins against. Defaults to the running verl-core's
+            version.
     """
 
-    def __init__(
-        self,
-        paths: Sequence[str] | None = None,
-        *,
-        distributions: Iterable[importlib_metadata.Distribution] | None = None,
-        core_version: str | None = None,
-    ) -> None:
+    def __init__(self, paths: Sequence[str] | None = None, *,
+                 distributions: Iterable[importlib_metadata.Distribution] | None = None,
+                 core_version: str | None = None) -> None:
         if paths is not None and distributions is not None:
             raise ValueError("pass either `paths` or `distributions`, not both")
         self._paths = None if paths is None else [str(p) for p in paths]
@@ -409,44 +355,25 @@ class PluginRegistry:
     def list(self, kind: str | None = None) -> list[PluginInfo]:
         """List plugins from metadata, without importing any of them.
 
-        Args:
-            kind: Only list plugins of this kind; all kinds when None.
-
-        Returns:
-            One :class:`PluginInfo` per (kind, name, distribution), sorted by
-            kind, then name, then distribution.
-
-        Raises:
-            ValueError: If ``kind`` is not a key of :data:`KINDS`.
+        ``kind`` restricts the listing to one kind. Returns one :class:`PluginInfo` per (kind, name,
+        distribution), sorted by kind, then name, then distribution.
         """
         if kind is not None:
             _check_kind(kind)
-        entries = self._discover()
-        infos = [
-            entry.info
-            for (entry_kind, _), slot in entries.items()
-            if kind is None or entry_kind == kind
-            for entry in slot
-        ]
+        infos = [entry.info for (entry_kind, _), slot in self._discover().items()
+                 if kind is None or entry_kind == kind for entry in slot]
         return sorted(infos, key=lambda i: (i.kind, i.name, i.distribution.lower()))
 
     def names(self, kind: str) -> list[str]:
-        """Return the sorted names of the available plugins of ``kind``.
-
-        Raises:
-            ValueError: If ``kind`` is not a key of :data:`KINDS`.
-        """
+        """Return the sorted names of the available plugins of ``kind``."""
         return sorted({i.name for i in self.list(kind) if i.status == "available"})
 
     def info(self, kind: str, name: str) -> PluginInfo:
         """Return what is known about one plugin, without importing it.
 
-        When several distributions provide the name, the entry reported is the
-        usable one if any, otherwise the first by distribution name.
-
-        Raises:
-            ValueError: If ``kind`` is not a key of :data:`KINDS`.
-            UnknownPluginError: If no plugin of that kind has that name.
+        When several distributions provide the name, the entry reported is the usable one if any,
+        otherwise the first by distribution name. Raises :class:`UnknownPluginError` if no plugin of
+        that kind has that name.
         """
         return self._slot(kind, name)[0].info
 
@@ -455,19 +382,10 @@ class PluginRegistry:
 
         The result is cached: later calls return the same object.
 
-        Args:
-            kind: Plugin kind, a key of :data:`KINDS`.
-            name: Plugin name.
-
-        Returns:
-            The entry point's object (usually a class or a function).
-
         Raises:
-            ValueError: If ``kind`` is not a key of :data:`KINDS`.
             UnknownPluginError: If no plugin of that kind has that name.
             DuplicatePluginError: If several distributions provide it.
-            IncompatiblePluginError: If its distribution does not match this
-                verl-core; it is not imported.
+            IncompatiblePluginError: If its distribution does not match this verl-core; it is not imported.
             PluginLoadError: If importing it fails, now or earlier.
         """
         with self._lock:
@@ -476,37 +394,26 @@ class PluginRegistry:
                 return self._loaded[key]
             slot = self._slot(kind, name)
             entry = slot[0]
-            status = entry.info.status
-            if status == "duplicate":
+            info = entry.info
+            if info.status == "duplicate":
                 dists = sorted({e.info.distribution for e in slot if e.info.status == "duplicate"})
-                raise DuplicatePluginError(
-                    f"{kind} plugin {name!r} is provided by several distributions: "
-                    f"{', '.join(dists)}; uninstall all but one of them",
-                    kind=kind,
-                    name=name,
-                    distributions=dists,
-                )
-            if status == "incompatible":
-                raise IncompatiblePluginError(
-                    f"{kind} plugin {name!r} from {entry.info.distribution} "
-                    f"{entry.info.version} cannot be used: {entry.info.message}",
-                    kind=kind,
-                    name=name,
-                    distribution=entry.info.distribution,
-                )
-            if status == "broken":
-                # Do not retry: a half-executed module import is rarely
-                # recoverable, and the caller wants the original cause.
+                raise DuplicatePluginError(f"{kind} plugin {name!r} is provided by several distributions: "
+                                           f"{', '.join(dists)}; uninstall all but one of them",
+                                           kind=kind, name=name, distributions=dists)
+            if info.status == "incompatible":
+                raise IncompatiblePluginError(f"{kind} plugin {name!r} from {info.distribution} {info.version} "
+                                              f"cannot be used: {info.message}",
+                                              kind=kind, name=name, distribution=info.distribution)
+            if info.status == "broken":
+                # Do not retry: a half-executed module import is rarely recoverable, and the caller
+                # wants the original cause.
                 raise self._load_error(entry) from entry.failure
             try:
                 obj = entry.entry_point.load()
             except Exception as exc:
                 entry.failure = exc
-                entry.info = dataclasses.replace(
-                    entry.info,
-                    status="broken",
-                    message=f"import of {entry.info.value} failed: {type(exc).__name__}: {exc}",
-                )
+                message = f"import of {info.value} failed: {type(exc).__name__}: {exc}"
+                entry.info = dataclasses.replace(info, status="broken", message=message)
                 raise self._load_error(entry) from exc
             self._loaded[key] = obj
             return obj
@@ -514,31 +421,21 @@ class PluginRegistry:
     def load_all(self, kind: str) -> dict[str, Any]:
         """Load every available plugin of ``kind``, skipping ones that fail.
 
-        A plugin that fails to import is reported with a :class:`PluginWarning`
-        and marked ``"broken"`` in later listings; it never prevents the others
-        from loading. Incompatible and duplicate plugins are skipped and logged.
-
-        Returns:
-            Plugin name -> loaded object, for the plugins that loaded.
-
-        Raises:
-            ValueError: If ``kind`` is not a key of :data:`KINDS`.
+        A plugin that fails to import is reported with a :class:`PluginWarning` and marked ``"broken"``
+        in later listings; it never prevents the others from loading. Incompatible and duplicate plugins
+        are skipped and logged. Returns plugin name -> loaded object, for the plugins that loaded.
         """
         loaded: dict[str, Any] = {}
         for info in self.list(kind):
             if info.name in loaded:
                 continue
             if info.status not in ("available", "broken"):
-                logger.warning(
-                    "Skipping %s plugin %r from %s: %s",
-                    kind, info.name, info.distribution, info.message,
-                )
+                logger.warning("Skipping %s plugin %r from %s: %s", kind, info.name, info.distribution, info.message)
                 continue
             try:
                 loaded[info.name] = self.load(kind, info.name)
             except PluginError as exc:
-                warnings.warn(f"Skipping {kind} plugin {info.name!r}: {exc}", PluginWarning,
-                              stacklevel=2)
+                warnings.warn(f"Skipping {kind} plugin {info.name!r}: {exc}", PluginWarning, stacklevel=2)
         return loaded
 
     # ----------------------------------------------------------------- private
@@ -553,44 +450,36 @@ class PluginRegistry:
     def _load_error(self, entry: _Entry) -> PluginLoadError:
         info = entry.info
         cause = entry.failure
-        return PluginLoadError(
-            f"failed to load {info.kind} plugin {info.name!r} ({info.value}) from "
-            f"distribution {info.distribution} {info.version}: "
-            f"{type(cause).__name__}: {cause}",
-            kind=info.kind,
-            name=info.name,
-            distribution=info.distribution,
-        )
+        return PluginLoadError(f"failed to load {info.kind} plugin {info.name!r} ({info.value}) from distribution "
+                               f"{info.distribution} {info.version}: {type(cause).__name__}: {cause}",
+                               kind=info.kind, name=info.name, distribution=info.distribution)
 
     def _unknown_error(self, kind: str, name: str) -> UnknownPluginError:
-        installed = sorted({n for (k, n) in self._discover() if k == kind})
-        first_party = sorted(n for (k, n) in FIRST_PARTY_PLUGINS if k == kind)
-        candidates = sorted(set(installed) | set(first_party))
-        suggestions = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+        discovered = self._discover()
+        installed = sorted({n for (k, n) in discovered if k == kind})
+        named = {n for kinds in KNOWN_DISTRIBUTIONS.values() if kinds.get(kind, "*") != "*" for n in kinds[kind]}
+        suggestions = difflib.get_close_matches(name, sorted(set(installed) | named), n=3, cutoff=0.6)
         parts = [f"no {kind} plugin named {name!r} is installed."]
-        parts.append(
-            f"Installed {kind} plugins: {', '.join(installed)}."
-            if installed
-            else f"No {kind} plugins are installed."
-        )
+        parts.append(f"Installed {kind} plugins: {', '.join(installed)}." if installed
+                     else f"No {kind} plugins are installed.")
         install_hint = None
-        if (kind, name) in FIRST_PARTY_PLUGINS:
-            install_hint = f"pip install {FIRST_PARTY_PLUGINS[(kind, name)]}"
+        provider = provider_of(kind, name)
+        home = _home_of(kind)
+        dists = {canonicalize_name(e.info.distribution) for slot in discovered.values() for e in slot}
+        if provider:
+            install_hint = f"pip install {provider}"
             parts.append(f"{name!r} is provided by a separate package: {install_hint}")
         elif suggestions:
             best = suggestions[0]
             hint = f"Did you mean {best!r}?"
-            if best not in installed and (kind, best) in FIRST_PARTY_PLUGINS:
-                hint += f" (pip install {FIRST_PARTY_PLUGINS[(kind, best)]})"
+            if best not in installed and provider_of(kind, best):
+                hint += f" (pip install {provider_of(kind, best)})"
             parts.append(hint)
-        return UnknownPluginError(
-            " ".join(parts),
-            kind=kind,
-            name=name,
-            installed=installed,
-            suggestions=suggestions,
-            install_hint=install_hint,
-        )
+        elif home and canonicalize_name(home) not in dists:
+            install_hint = f"pip install {home}"
+            parts.append(f"More {kind} plugins come with {home}, which is not installed: {install_hint}")
+        return UnknownPluginError(" ".join(parts), kind=kind, name=name, installed=installed,
+                                  suggestions=suggestions, install_hint=install_hint)
 
     def _iter_distributions(self) -> Iterable[importlib_metadata.Distribution]:
         if self._distributions is not None:
@@ -614,9 +503,8 @@ class PluginRegistry:
             dist = _read_distribution(raw)
             if dist is None:
                 continue
-            # The same distribution can sit on the path twice (an editable
-            # install plus a site-packages copy); the first one is what
-            # `import` would find, so it alone counts.
+            # The same distribution can sit on the path twice (an editable install plus a
+            # site-packages copy); the first one is what `import` would find, so it alone counts.
             canonical = canonicalize_name(dist.name)
             if canonical in seen:
                 continue
@@ -624,24 +512,16 @@ class PluginRegistry:
             plugin_eps = [ep for ep in dist.entry_points if ep.group in group_to_kind]
             if not plugin_eps:
                 continue
-            problem = _api_problem(dist, core_version) or _core_requirement_problem(
-                dist, core_version
-            )
+            problem = _api_problem(dist, core_version) or _core_requirement_problem(dist, core_version)
             names_in_dist: set[tuple[str, str]] = set()
             for ep in plugin_eps:
                 key = (group_to_kind[ep.group], ep.name)
                 if key in names_in_dist:
                     continue  # A repeated line in one entry_points.txt is not a conflict.
                 names_in_dist.add(key)
-                info = PluginInfo(
-                    kind=key[0],
-                    name=ep.name,
-                    value=ep.value,
-                    distribution=dist.name,
-                    version=dist.version,
-                    status="incompatible" if problem else "available",
-                    message=problem or "",
-                )
+                info = PluginInfo(kind=key[0], name=ep.name, value=ep.value, distribution=dist.name,
+                                  version=dist.version, status="incompatible" if problem else "available",
+                                  message=problem or "")
                 entries.setdefault(key, []).append(_Entry(info, ep))
         for slot in entries.values():
             _mark_duplicates(slot)
@@ -651,24 +531,46 @@ class PluginRegistry:
 def _mark_duplicates(slot: list[_Entry]) -> None:
     """Flag usable entries that share a kind and name across distributions.
 
-    Incompatible entries can never be loaded, so they do not make a name
-    ambiguous: a stale plugin left installed must not block its replacement.
+    Incompatible entries can never be loaded, so they do not make a name ambiguous: a stale plugin
+    left installed must not block its replacement.
     """
     usable = [e for e in slot if e.info.status == "available"]
     if len(usable) < 2:
         return
     for entry in usable:
-        others = sorted(e.info.distribution for e in usable if e is not entry)
-        entry.info = dataclasses.replace(
-            entry.info,
-            status="duplicate",
-            message=(
-                f"{entry.info.kind} plugin {entry.info.name!r} is also provided by "
-                f"{', '.join(others)}; uninstall all but one of them"
-            ),
-        )
+        info = entry.info
+        others = ", ".join(sorted(e.info.distribution for e in usable if e is not entry))
+        message = f"{info.kind} plugin {info.name!r} is also provided by {others}; uninstall all but one of them"
+        entry.info = dataclasses.replace(info, status="duplicate", message=message)
 
 
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown plugin kind {kind!r}; expected one of: {', '.join(KINDS)}")
+
+
+#: Prefix of the model and dataset names that plugins build locally (``model.path = "builtin:<name>"``).
+BUILTIN_PREFIX = "builtin:"
+
+
+def load_builtin(registry: PluginRegistry, kind: Literal["model", "dataset"], spec: str, *, key: str) -> Any:
+    """Build the ``model`` or ``dataset`` provider named by ``spec`` (``"builtin:<name>"``).
+
+    ``spec`` is the configured name, ``builtin:`` included; ``key`` is the config key that named it, for
+    the error message. Raises :class:`UnknownPluginError` when no such provider is installed; the message
+    lists the installed ``builtin:`` names and the package that provides the requested one, when known.
+    """
+    name = spec[len(BUILTIN_PREFIX):]
+    try:
+        return registry.load(kind, name)()
+    except UnknownPluginError as exc:
+        installed = ", ".join(BUILTIN_PREFIX + n for n in exc.installed) or "none"
+        if exc.install_hint:
+            hint = f"; it is provided by a separate package: {exc.install_hint}"
+        elif exc.suggestions:
+            hint = f"; did you mean {BUILTIN_PREFIX + exc.suggestions[0]!r}?"
+        else:
+            hint = f"; built-in {kind}s come from packages with verl.{kind}s entry points"
+        raise UnknownPluginError(f"{key}: no built-in {kind} {spec!r} is installed (installed: {installed}){hint}",
+                                 kind=kind, name=name, installed=exc.installed, suggestions=exc.suggestions,
+                                 install_hint=exc.install_hint) from None

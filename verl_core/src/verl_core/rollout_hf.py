@@ -1,9 +1,9 @@
 """Rollout with Hugging Face ``generate``, sharing the actor's weights in the same process.
 
-The engine runs on the actor worker's live module (no copy), so weight sync is free; it is the
-reference implementation of the rollout contract and the fallback when no inference engine is
-installed. With a training backend that shards parameters, the worker's
-``gather_for_generation()`` context gathers them once for the whole generation call.
+The engine runs on the actor worker's live module (no copy), so weight sync is free; it is the reference
+implementation of the rollout contract and the fallback when no inference engine is installed. It generates
+inside the worker's ``generation_module()`` context (part of the worker contract), where a backend that
+shards parameters gathers them once for the whole call.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class HFRollout(RolloutEngine):
     def __init__(self, *, config: HFRolloutConfig, model: ModelSpec, tokenizer: Any, actor: Any = None,
                  world: WorldInfo = WorldInfo()) -> None:
         super().__init__(config=config, model=model, tokenizer=tokenizer, actor=actor, world=world)
+        self._own = None
         if actor is None:
             # Stand-alone use (tests, evaluation): load our own copy and accept weight updates.
             from transformers import AutoModelForCausalLM
@@ -46,15 +47,13 @@ class HFRollout(RolloutEngine):
             self._own = model.module or AutoModelForCausalLM.from_pretrained(
                 model.path, dtype=getattr(torch, model.dtype), trust_remote_code=model.trust_remote_code)
             self._own.eval()
-        else:
-            self._own = None
         # In-process on the actor's module, a weight sync has nothing to do.
         self.shares_actor_weights = self._own is None
 
     def _module_context(self) -> contextlib.AbstractContextManager:
         if self._own is not None:
             return contextlib.nullcontext(self._own)
-        return self.actor.gather_for_generation()
+        return self.actor.generation_module()
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:

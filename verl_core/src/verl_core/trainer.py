@@ -31,27 +31,21 @@ from verl_core.config import (
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
 from verl_core.data import PromptSampler, build_datasets
 from verl_core.hooks import build_plugin_manager
-from verl_core.interfaces import ModelSpec, Role
-from verl_core.registry import PluginRegistry
-from verl_core.rewards import RewardManager
+from verl_core.interfaces import ModelSpec, RewardScorer, Role
+from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
+from verl_core.rollout_utils import DEFAULT_LOG_PROB_GAP, check_weight_sync, sync_rollout_weights
 
 __all__ = ["Trainer", "resolve_model_path"]
-
-BUILTIN_MODEL = "builtin:tiny-qwen2-addition"
 
 
 def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
     return backend.create_worker(role=role, model=model, world=world, seed=seed)
 
 
-def resolve_model_path(path: str) -> str:
-    """Turn ``builtin:...`` model names into a local directory (built and cached on first use)."""
-    if path == BUILTIN_MODEL:
-        from verl_core.tasks.arithmetic import ensure_builtin_model
-
-        return str(ensure_builtin_model())
-    if path.startswith("builtin:"):
-        raise ValueError(f"model.path: unknown built-in model {path!r}; available: {BUILTIN_MODEL}")
+def resolve_model_path(path: str, registry: PluginRegistry | None = None) -> str:
+    """Turn ``builtin:<name>`` into the local directory its ``verl.models`` plugin builds and caches."""
+    if path.startswith(BUILTIN_PREFIX):
+        return str(load_builtin(registry or PluginRegistry(), "model", path, key="model.path").model_dir())
     return path
 
 
@@ -119,7 +113,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
 
-        model_path = resolve_model_path(cfg.model.path) if self._model_obj is None else (cfg.model.path or "")
+        model_path = (resolve_model_path(cfg.model.path, self.registry) if self._model_obj is None
+                      else (cfg.model.path or ""))
         tok_path = cfg.model.tokenizer or model_path
         if self.tokenizer is None:
             from transformers import AutoTokenizer
@@ -132,6 +127,8 @@ class Trainer:
             logging.getLogger(__name__).warning(
                 "the tokenizer at %r has no pad token; padding with its eos token %r (padded positions are masked "
                 "out, so this changes nothing learned)", tok_path, self.tokenizer.eos_token)
+        gap = cfg.rollout.config.max_log_prob_gap
+        self.max_log_prob_gap = DEFAULT_LOG_PROB_GAP[cfg.model.dtype] if gap is None else gap
         self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
 
@@ -139,8 +136,9 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
                                      shuffle=cfg.data.shuffle)
         # Every data_source's reward is resolved now: a missing one fails before any model loads.
-        self.reward = RewardManager(registry=self.registry, tokenizer=self.tokenizer, config=cfg.reward,
-                                    data_sources={r["data_source"] for r in (*self.train_rows, *self.val_rows)})
+        self.reward: RewardScorer = self.registry.load("scorer", cfg.reward.name)(
+            config=cfg.reward.config, registry=self.registry, tokenizer=self.tokenizer,
+            data_sources={r["data_source"] for r in (*self.train_rows, *self.val_rows)})
 
         self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
         backend_config = cfg.backend.config
@@ -165,8 +163,6 @@ class Trainer:
             self.rollout = self.executor.create_rollout(
                 engine=self.registry.load("rollout", cfg.rollout.name), config=cfg.rollout.config,
                 model=self.model_spec, tokenizer=self.tokenizer, actor=self.actor)
-            from verl_core.rollout_utils import check_weight_sync
-
             check_weight_sync(self.rollout, self.actor)  # before the first step, not at its first sync
             builder = DataflowBuilder()
             self.algorithm.build_dataflow(builder)
@@ -178,30 +174,28 @@ class Trainer:
         except BaseException:
             self.executor.shutdown()  # workers already started must not outlive a failed set-up
             raise
-        if cfg.reward.model_path:
+        reward_model = self.reward.reward_model_path()
+        if reward_model:
             try:
-                self._start_reward_model(backend)
+                self._start_reward_model(backend, reward_model)
             except BaseException:
                 self.executor.shutdown()
                 raise
         self._ready = True
 
-    def _start_reward_model(self, backend: Any) -> None:
-        """Start the ``reward_model`` worker group on the training backend and hand it to the rewards."""
-        import functools
-
+    def _start_reward_model(self, backend: Any, path: str) -> None:
+        """Start the ``reward_model`` worker group on the training backend and hand it to the scorer."""
         from transformers import AutoTokenizer
 
         cfg = self.config
-        spec = ModelSpec(path=cfg.reward.model_path, dtype=cfg.model.dtype,
-                         trust_remote_code=cfg.model.trust_remote_code)
+        spec = ModelSpec(path=path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         factory = functools.partial(_create_reward_model_worker, backend, spec, cfg.run.seed)
         group = self.executor.create_group(role=Role.REWARD_MODEL, factory=factory)
-        tokenizer = AutoTokenizer.from_pretrained(cfg.reward.model_path, trust_remote_code=cfg.model.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
         self.reward.attach_reward_model(group, tokenizer)
 
     def _load_data(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer)
+        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer, self.registry)
         return train, val
 
     def _resume(self) -> None:
@@ -224,8 +218,6 @@ class Trainer:
         self.resumed_from = ckpt
         # An engine with its own copy of the weights (vLLM, a server) started from model.path; the
         # first rollout after a resume must already come from the checkpoint's policy.
-        from verl_core.rollout_utils import sync_rollout_weights
-
         sync_rollout_weights(self.rollout, self.actor)
 
     # ------------------------------------------------------------------ run
@@ -284,10 +276,19 @@ class Trainer:
         start = time.perf_counter()
         prompts = self._draw_prompts()
         sampling = self.config.rollout.config.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
+        rc = self.config.rollout.config
         ctx = StepContext(step=self.step, prompts=prompts, algorithm=self.algorithm, actor=self.actor,
                           rollout=self.rollout, reward=self.reward, sampling=sampling, critic=self.critic,
-                          reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts)
+                          reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts,
+                          max_log_prob_gap=self.max_log_prob_gap, log_prob_gap_action=rc.log_prob_gap_action,
+                          rollout_name=self.config.rollout.name)
         self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
+        # The step's last act, whatever the algorithm: the engine samples the next step from the new policy.
+        synced = time.perf_counter()
+        if ctx.engine_released:
+            self.rollout.reacquire_memory()
+        sync_rollout_weights(self.rollout, self.actor)
+        ctx.metrics["timing/sync_weights"] = time.perf_counter() - synced
         elapsed = time.perf_counter() - start
         b = ctx.batch
         m = dict(ctx.metrics)

@@ -22,10 +22,12 @@ __all__ = [
     "agg_loss",
     "kl_penalty",
     "scores_to_token_rewards",
+    "sequence_rewards",
     "group_normalized_advantages",
     "gae_advantages",
     "ppo_clip_loss",
     "truncated_is_weights",
+    "rollout_is_weights",
     "policy_regularizers",
     "ppo_policy_loss",
     "clipped_value_loss",
@@ -111,6 +113,14 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
         last = torch.where(response_mask > 0, positions, torch.full_like(positions, -1)).max(-1).values
         token_rewards[rows, last[rows]] = scores[rows].float()
     return token_rewards
+
+
+def sequence_rewards(batch: Batch) -> torch.Tensor:
+    """Each sample's total reward ``[B]``: its token rewards summed (the score plus any KL penalty
+    folded into the rewards), or the plain scores when there are no token rewards."""
+    if batch.token_rewards is None:
+        return batch.scores.float()
+    return (batch.token_rewards * batch.response_mask).sum(-1).float()
 
 
 def group_normalized_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
@@ -206,6 +216,22 @@ def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.T
                      "ppo/rollout_is_clip_frac": float(masked_mean((ratio > cap).to(mask.dtype), mask))}
 
 
+def rollout_is_weights(config: Any, batch: Batch, *, trainer_log_probs: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The truncated importance weights ``config.rollout_is_cap`` asks for (``None`` when it is 0).
+
+    ``trainer_log_probs``: the trainer's log-probs of the sampled tokens under the policy that
+    generated them; the batch's old log-probs by default (an on-policy loss without old log-probs
+    passes its current, detached ones).
+    """
+    if config.rollout_is_cap <= 0:
+        return None, {}
+    if batch.rollout_log_probs is None:
+        raise ValueError("algorithm.rollout_is_cap needs the rollout engine's log-probs, but the batch has none")
+    reference = batch.old_log_probs if trainer_log_probs is None else trainer_log_probs
+    return truncated_is_weights(reference, batch.rollout_log_probs, batch.response_mask, cap=config.rollout_is_cap)
+
+
 def policy_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None,
                         ) -> tuple[torch.Tensor, dict[str, float]]:
     """The KL-to-reference loss and entropy bonus an :class:`AlgorithmConfig` asks for.
@@ -240,12 +266,7 @@ def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
     it (``info["max_new_tokens"]``): a constant, as Dr. GRPO prescribes, not the batch's width.
     """
     mask = batch.response_mask
-    weights, is_metrics = None, {}
-    if config.rollout_is_cap > 0:
-        if batch.rollout_log_probs is None:
-            raise ValueError("algorithm.rollout_is_cap needs the rollout engine's log-probs, but the batch has none")
-        weights, is_metrics = truncated_is_weights(batch.old_log_probs, batch.rollout_log_probs, mask,
-                                                   cap=config.rollout_is_cap)
+    weights, is_metrics = rollout_is_weights(config, batch)
     loss, stats = ppo_clip_loss(log_probs, batch.old_log_probs, batch.advantages, mask,
                                 clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                 clip_c=config.clip_ratio_c, agg_mode=config.loss_agg_mode,

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 import torch
 
 from verl_core.algorithms import functional as F
+from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements
+from verl_core.interfaces import Requirements
 
 __all__ = ["PPO", "PPOConfig"]
 
 
 @dataclass
-class PPOConfig(AlgorithmConfig):
+class PPOConfig(PPOFamilyConfig):
     """PPO settings.
 
     Attributes:
@@ -31,7 +32,7 @@ class PPOConfig(AlgorithmConfig):
     """
 
     kl_coef: float = 0.001
-    kl_estimator: str = "k1"
+    kl_estimator: KLEstimator = "k1"
     kl_in_reward: bool = True
     gamma: float = 1.0
     lam: float = 1.0
@@ -39,29 +40,13 @@ class PPOConfig(AlgorithmConfig):
     whiten_advantages: bool = True
 
 
-class PPO(Algorithm):
+class PPO(PolicyGradient):
     """Actor-critic PPO: GAE advantages, clipped policy and value losses."""
 
     Config = PPOConfig
 
     def requirements(self) -> Requirements:
         return Requirements(critic=True, reference=self.config.kl_coef > 0)
-
-    def build_dataflow(self, df) -> None:
-        needs = self.requirements()
-        df.actor_generate()
-        df.reward_score()
-        df.filter_batch(self)
-        df.actor_log_probs()
-        if needs.reference:
-            df.reference_log_probs()
-        df.critic_values()
-        if needs.reference and self.config.kl_in_reward:
-            df.kl_in_reward(self)
-        df.compute_gae(self)
-        df.update_critic(self)
-        df.update_actor(self)
-        df.sync_weights()
 
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return F.gae_advantages(batch.token_rewards, batch.values, batch.response_mask, gamma=self.config.gamma,

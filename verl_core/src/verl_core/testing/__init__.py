@@ -19,18 +19,23 @@ Suites:
 
 Helpers:
     :func:`make_batch`: a small synthetic :class:`~verl_core.batch.Batch`.
-    :func:`tiny_model_dir`: the built-in tiny model written to a directory.
-    :func:`tiny_text_model_dir`, :func:`tiny_reward_model_dir`: tiny Qwen2 causal LM / reward model with a
-    byte-level tokenizer (:func:`build_byte_tokenizer`) that encodes any text.
+    :func:`config_field_problems`: the config fields of an algorithm that change nothing it trains
+    on, run through an :class:`EffectHarness` (the algorithm's dataflow on :func:`config_effect_batch`,
+    with stand-ins for the rollout and the models) that measures each config's :class:`ConfigEffect`.
+    :func:`tiny_model_dir`: a tiny Qwen2 shaped like the built-in addition model, written to a directory.
+    :func:`tiny_text_model_dir`, :func:`tiny_reward_model_dir`: tiny Qwen2 causal LM / reward model.
+    All three use a byte-level tokenizer (:func:`build_byte_tokenizer`) that encodes any text.
 
 Importing this package needs pytest (it is a test-time dependency, ``verl-core[test]``).
 """
 
 from verl_core.testing._algorithm import AlgorithmConformance
 from verl_core.testing._backend import BackendConformance
+from verl_core.testing._config_effects import ConfigEffect, EffectHarness, config_effect_batch, config_field_problems
 from verl_core.testing._factories import make_batch, tiny_model_dir
 from verl_core.testing._rollout import RolloutConformance
 from verl_core.testing._text_models import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 
 __all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir",
-           "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir"]
+           "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir", "ConfigEffect", "EffectHarness",
+           "config_effect_batch", "config_field_problems"]

@@ -11,7 +11,13 @@ Subclass :class:`AlgorithmConformance` in a test module and provide an ``algorit
 
 The tests feed the algorithm synthetic batches (:func:`~verl_core.testing.make_batch`) with
 padding, tool tokens and degenerate groups, and check the parts of the contract the controller
-relies on: shapes, finiteness, masking, gradients and the declared dataflow.
+relies on: shapes, finiteness, masking, gradients, the declared dataflow and the rollout request.
+
+One test checks the config itself: every field, moved off its default, must change what the step
+trains on (advantages, losses, update settings, rollout request), or be declared as not doing so
+with a reason (``inert_fields`` / ``inert_when`` on the config class). It runs the algorithm's own
+dataflow on a fixed batch with stand-ins for the rollout and the models;
+:mod:`verl_core.testing._config_effects` explains how.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, Requirements
+from verl_core.interfaces import Algorithm, Requirements, RolloutRequest
+from verl_core.testing._config_effects import EffectHarness, config_effect_batch, config_field_problems
 from verl_core.testing._factories import make_batch
 
 __all__ = ["AlgorithmConformance"]
@@ -37,12 +44,17 @@ class AlgorithmConformance:
         group_size: samples per prompt (group) in the synthetic batches.
         prompt_length: prompt width of the synthetic batches.
         response_length: response width of the synthetic batches.
+        effect_max_new_tokens: the response budget (``info["max_new_tokens"]``) of the config
+            check's fixed batch, whose responses are 1 to 8 tokens long. Raise it for an
+            algorithm whose length knobs only act on a longer budget (DAPO's 4096-token overlong
+            buffer); see :meth:`effect_harness`.
     """
 
     batch_size = 8
     group_size = 4
     prompt_length = 5
     response_length = 8
+    effect_max_new_tokens = 8
 
     @pytest.fixture
     def algorithm(self) -> Algorithm:
@@ -159,13 +171,33 @@ class AlgorithmConformance:
         batch = self.make_batch(algorithm)
         self.check_advantages(batch, algorithm.compute_advantages(batch))
 
-    def test_filter_batch_returns_subset(self, algorithm: Algorithm) -> None:
-        """filter_batch returns a Batch no larger than its input, with the same response width."""
-        batch = self.make_batch(algorithm)
-        out = algorithm.filter_batch(batch)
-        assert isinstance(out, Batch), "filter_batch must return a Batch"
-        assert len(out) <= len(batch)
-        assert out.response_ids.shape[1] == batch.response_ids.shape[1]
+    # ------------------------------------------------------------------ rollout request
+    def test_rollout_request(self, algorithm: Algorithm) -> None:
+        """rollout_request() is a RolloutRequest; its filter keeps whole groups of its input, same width."""
+        if not hasattr(algorithm, "rollout_request"):
+            pytest.skip("the algorithm has no rollout_request()")
+        request = algorithm.rollout_request()
+        assert isinstance(request, RolloutRequest), "rollout_request() must return a verl_core.interfaces.RolloutRequest"
+        assert isinstance(request.max_extra_rounds, int) and request.max_extra_rounds >= 0, (
+            f"RolloutRequest.max_extra_rounds must be an int >= 0, got {request.max_extra_rounds!r}")
+        if request.filter is None:
+            return
+        B = self.batch_size
+        batches = [self.make_batch(algorithm),
+                   # Half the groups with equal rewards, so a filter of uninformative groups drops some.
+                   self.make_batch(algorithm, scores=[float(i % 2) if i < B // 2 else 1.0 for i in range(B)]),
+                   config_effect_batch()]
+        for batch in batches:
+            out = request.filter(batch)
+            assert isinstance(out, Batch), "RolloutRequest.filter must return a Batch"
+            assert len(out) <= len(batch), "the filter returned more samples than it was given"
+            assert out.response_ids.shape[1] == batch.response_ids.shape[1], "the filter changed the response width"
+            for group in out.group_ids.unique().tolist():
+                rows_in = sorted(map(tuple, batch.response_ids[batch.group_ids == group].tolist()))
+                rows_out = sorted(map(tuple, out.response_ids[out.group_ids == group].tolist()))
+                assert rows_out == rows_in, (
+                    f"the filter must keep whole groups of its input: group {group} has {len(rows_in)} samples in "
+                    f"and {len(rows_out)} out, or different ones")
 
     # ------------------------------------------------------------------ policy loss
     def test_policy_loss_finite_with_masked_gradient(self, algorithm: Algorithm) -> None:
@@ -213,18 +245,20 @@ class AlgorithmConformance:
             assert needs.reference, "a KL coefficient > 0 needs the reference role"
 
     def test_build_dataflow(self, algorithm: Algorithm) -> None:
-        """The declared dataflow validates, produces the batch first and updates the actor."""
-        from verl_core.dataflow import BATCH, Dataflow, DataflowBuilder
+        """The declared dataflow validates, starts from the rollout stage or the data, and updates the actor."""
+        from verl_core.dataflow import Dataflow
 
-        df = DataflowBuilder()
-        algorithm.build_dataflow(df)
+        df = EffectHarness().declare(algorithm)  # a DataflowBuilder that records where the batch comes from
         flow = df.build()  # validates: unique names, producers for every read, no cycles
         assert isinstance(flow, Dataflow)
-        names = {n.name for n in flow.nodes}
-        assert "update_actor" in names, f"the dataflow needs an 'update_actor' node; has {names}"
-        # Generation, or a node building the batch from data (offline algorithms), comes first.
-        assert flow.nodes and BATCH in flow.nodes[0].writes, (
-            f"the first node must produce the batch (writes=('batch',)); it is {flow.nodes[0].name!r}")
+        names = [n.name for n in flow.nodes]
+        assert "update_actor" in names, f"the dataflow needs an 'update_actor' node (df.update_actor); has {names}"
+        assert "sync_weights" not in names, (
+            "the trainer syncs the rollout engine's weights after every step; remove the 'sync_weights' node")
+        # The rollout stage, or a node building the batch from data (offline algorithms), comes first.
+        assert flow.nodes and flow.nodes[0].name in df.sources, (
+            f"the first node must produce the batch with df.rollout(...) or df.batch_from_data(...); it is "
+            f"{flow.nodes[0].name!r}")
         roles = {n.role for n in flow.nodes}
         needs = algorithm.requirements()
         if needs.critic:
@@ -253,6 +287,22 @@ class AlgorithmConformance:
         if not algorithm.requirements().critic:
             pytest.skip("the algorithm has no critic")
         self.check_value_loss(algorithm, self.scored_batch(algorithm))
+
+    # ------------------------------------------------------------------ config
+    def effect_harness(self, algorithm: Algorithm) -> EffectHarness:
+        """The harness of :meth:`test_config_fields_change_advantages_or_loss` (override to change its batch)."""
+        return EffectHarness(config_effect_batch(max_new_tokens=self.effect_max_new_tokens))
+
+    def test_config_fields_change_advantages_or_loss(self, algorithm: Algorithm) -> None:
+        """Every config field, moved off its default, changes what the step trains on, or is declared inert.
+
+        Runs the algorithm's own dataflow on a fixed batch, once per config, and compares the
+        advantages, returns, losses and their gradients, update settings and rollout request
+        (:func:`~verl_core.testing._config_effects.config_field_problems`).
+        """
+        problems = config_field_problems(algorithm, self.effect_harness(algorithm))
+        assert not problems, (f"{len(problems)} config field problem(s) of {type(algorithm).__name__}:\n"
+                              + "\n".join(problems))
 
 
 def _kl_coef(algorithm: Algorithm) -> float:

@@ -3,7 +3,7 @@
 :func:`make_batch` builds a :class:`~verl_core.batch.Batch` with the awkward parts real batches have
 (left-padded prompts, right-padded responses, tool tokens inside a response, empty responses) so
 that an implementation is tested on them rather than on a tidy rectangle. :func:`tiny_model_dir`
-writes the built-in tiny Qwen2 to disk for backends and engines that load from a path.
+writes a tiny Qwen2 to disk for backends and engines that load from a path.
 """
 
 from __future__ import annotations
@@ -140,23 +140,36 @@ def make_batch(
 
 
 def tiny_model_dir(tmp_path: str | os.PathLike[str], *, seed: int = 0) -> str:
-    """Writes the built-in tiny Qwen2 and its tokenizer as a Hugging Face model directory.
+    """Writes a tiny Qwen2 (~0.6M parameters, fp32) and a byte-level tokenizer as a Hugging Face model directory.
 
-    The model is freshly initialised (no warm start), which is all a contract test needs and
-    takes well under a second.
+    The model is freshly initialised, which is all a contract test needs and takes well under a
+    second. It is shaped like the built-in addition model (2 layers, hidden size 128, 64
+    positions, untied embeddings), with the ChatML byte tokenizer of
+    :func:`~verl_core.testing.build_byte_tokenizer`, so any text can be a prompt.
 
     Args:
         tmp_path: directory to write into (a ``tiny-model`` subdirectory is created).
-        seed: seed of the weight initialisation.
+        seed: seed of the weight initialisation; the global torch RNG is left untouched.
 
     Returns:
         The model directory as a string, ready for ``from_pretrained`` or ``ModelSpec(path=...)``.
     """
-    from verl_core.tasks.arithmetic import build_model, build_tokenizer
+    import transformers
+
+    from verl_core.testing._text_models import build_byte_tokenizer
 
     out = Path(tmp_path) / "tiny-model"
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed)
+    tokenizer = build_byte_tokenizer()
+    config = transformers.Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        tie_word_embeddings=False, dtype="float32", attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)

@@ -1,7 +1,7 @@
 """Tiny models that read real text, for tests of text datasets and reward models.
 
 The built-in addition model's tokenizer knows only ``0-9 + =``. GSM8K- or MATH-style prompts need a
-tokenizer that encodes any text: :func:`build_byte_tokenizer` is a byte-level BPE without merges (one
+tokenizer that encodes any text (so does :func:`~verl_core.testing.tiny_model_dir`, which uses it too): :func:`build_byte_tokenizer` is a byte-level BPE without merges (one
 token per UTF-8 byte, like GPT-2's alphabet) plus ChatML special tokens and a ChatML chat template, the
 shape of Qwen's tokenizers. The models on top are freshly initialised tiny Qwen2s, built in well under
 a second with no downloads.

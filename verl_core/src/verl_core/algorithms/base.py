@@ -1,0 +1,130 @@
+"""The policy-gradient family: its shared settings, its default dataflow and its default loss.
+
+Most RL algorithms for language models are PPO variants: a clipped importance ratio, an optional KL
+to a reference policy, an entropy bonus, and an advantage estimator that differs per algorithm.
+:class:`PPOFamilyConfig` holds the knobs they share and :class:`PolicyGradient` the step they share,
+so an algorithm of this family is its config, its ``compute_advantages`` and, where it differs, its
+``policy_loss``. Algorithms outside the family (DPO, SPIN, ...) implement
+:class:`~verl_core.interfaces.Algorithm` directly and never see these knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+from verl_core.algorithms import functional as F
+from verl_core.batch import Batch
+from verl_core.dataflow import DataflowBuilder
+from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements, RolloutRequest
+
+__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode"]
+
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@dataclass
+class PPOFamilyConfig(AlgorithmConfig):
+    """Settings of policy-gradient algorithms with a PPO-style update.
+
+    Attributes:
+        clip_ratio_low: lower PPO clip range (ratio >= 1 - clip_ratio_low).
+        clip_ratio_high: upper PPO clip range (ratio <= 1 + clip_ratio_high).
+        clip_ratio_c: dual-clip bound for negative advantages: their loss is at most
+            ``-clip_ratio_c * A`` (Ye et al., arXiv:1912.09729); 0 disables, otherwise > 1.
+        kl_coef: weight of the KL to the reference policy (0 = no reference model needed).
+        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` or ``"low_var_kl"``.
+        kl_in_reward: subtract the KL from token rewards (PPO style) instead of adding a loss term.
+        entropy_coef: entropy bonus weight.
+        loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or
+            ``"seq-mean-token-sum-norm"``.
+        use_rollout_log_probs: take old log-probs from the rollout engine instead of recomputing.
+        rollout_is_cap: truncated importance sampling between rollout and training log-probs: each
+            token's policy-gradient loss is weighted by ``min(exp(old - rollout log-prob), cap)``,
+            correcting for an inference engine whose probabilities differ from the trainer's
+            (Yao et al., 2025, "Your efficient RL framework secretly brings you off-policy RL
+            training"); 0 disables. Needs recomputed old log-probs (``use_rollout_log_probs = false``).
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "low_var_kl"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    loss_agg_mode: LossAggMode = "token-mean"
+    use_rollout_log_probs: bool = False
+    rollout_is_cap: float = 0.0
+
+    def validate(self) -> None:
+        super().validate()
+        for key, allowed in (("kl_estimator", KLEstimator), ("loss_agg_mode", LossAggMode)):
+            if getattr(self, key) not in get_args(allowed):
+                raise ValueError(f"{key}: must be one of {list(get_args(allowed))}")
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
+            raise ValueError("clip_ratio_low/clip_ratio_high: must be >= 0")
+        if 0 < self.clip_ratio_c <= 1 or self.clip_ratio_c < 0:
+            # A bound at or below 1 caps every negative-advantage token's loss at a constant: no gradient.
+            raise ValueError("clip_ratio_c: must be > 1 (dual-clip PPO, 3.0 in the paper) or 0 (off)")
+        if self.kl_coef < 0:
+            raise ValueError("kl_coef: must be >= 0 (0 = no KL term and no reference model)")
+        if self.rollout_is_cap < 0:
+            raise ValueError("rollout_is_cap: must be >= 0 (0 disables the correction)")
+        if self.rollout_is_cap > 0 and self.use_rollout_log_probs:
+            raise ValueError("rollout_is_cap: corrects recomputed old log-probs towards the rollout's; with "
+                             "use_rollout_log_probs = true the weights are all 1. Set one of them.")
+
+
+class PolicyGradient(Algorithm):
+    """Base of the PPO family: the standard step and the PPO-clip loss with KL and entropy terms.
+
+    The step is: the run's rollout stage (with what :meth:`rollout_request` asks of it), the
+    algorithm's reward shaping (:meth:`shape_rewards`, none by default), old log-probs, reference
+    log-probs when a KL term is on, critic values when a critic is required, the KL penalty in the
+    rewards when ``kl_in_reward``, advantages, the critic update and the actor update. Which nodes
+    appear follows from the config and :meth:`requirements`; subclasses rarely override it.
+    """
+
+    Config = PPOFamilyConfig
+
+    def requirements(self) -> Requirements:
+        return Requirements(critic=False, reference=self.config.kl_coef > 0)
+
+    def rollout_request(self) -> RolloutRequest:
+        """What this algorithm asks of the rollout stage (filters, baselines); nothing by default."""
+        return RolloutRequest()
+
+    def shape_rewards(self, df: DataflowBuilder) -> None:
+        """Add nodes that change ``scores``/``token_rewards`` after the rollout stage (none by default)."""
+
+    #: The batch fields :meth:`compute_advantages` reads (GAE reads ``values`` too, automatically).
+    advantage_inputs: tuple[str, ...] = ("token_rewards",)
+
+    def build_dataflow(self, df: DataflowBuilder) -> None:
+        cfg = self.config
+        needs = self.requirements()
+        df.rollout(self.rollout_request())
+        self.shape_rewards(df)
+        df.actor_log_probs(from_rollout=cfg.use_rollout_log_probs)
+        if needs.reference:
+            df.reference_log_probs()
+        reads = self.advantage_inputs
+        if needs.critic:
+            df.critic_values()
+            reads = (*reads, "values")
+        if needs.reference and cfg.kl_in_reward:
+            df.kl_in_reward(kl_coef=cfg.kl_coef, estimator=cfg.kl_estimator)
+        df.compute_advantages(self, reads=reads)
+        if needs.critic:
+            df.update_critic(self)
+        df.update_actor(self)
+
+    def policy_loss(self, *, batch: Batch, log_probs: torch.Tensor | None = None,
+                    entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """PPO-clip policy loss with optional KL and entropy terms."""
+        return F.ppo_policy_loss(self.config, batch=batch, log_probs=log_probs, entropy=entropy)

@@ -1,0 +1,160 @@
+"""The rollout stage: one place that turns the step's prompts into a scored batch, for every algorithm.
+
+:func:`run` is the body of the dataflow's ``rollout`` node. In order:
+
+1. **generate**: the rollout engine samples ``rollout.n`` responses per prompt (token ids in and
+   out; nothing is re-tokenised);
+2. **reward**: the run's :class:`~verl_core.interfaces.RewardScorer` (``reward.scorer``) scores every
+   response; the score sits on its last token;
+3. **filter**: the algorithm's :attr:`~verl_core.interfaces.RolloutRequest.filter` keeps the groups
+   worth training on; while fewer groups than the step's prompts survive, more prompts are drawn and
+   generated (at most ``max_extra_rounds`` times: DAPO's dynamic sampling, arXiv:2503.14476);
+4. **greedy baseline**: on request, one greedy response per prompt is scored and its reward kept in
+   ``batch.extras["baseline_scores"]`` (ReMax, arXiv:2310.10505);
+5. **release**: an engine that can free its memory (``supports_memory_release``) does so until the
+   trainer's closing weight sync wakes it.
+
+Algorithms never re-implement these steps; they ask for options through the request. A multi-turn
+environment loop belongs between 1 and 2 (the environment issue adds it here, once, for all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from verl_core.algorithms.functional import scores_to_token_rewards
+from verl_core.batch import Batch
+from verl_core.interfaces import RolloutRequest
+from verl_core.rollout_utils import check_log_prob_gap, generate_batch
+
+if TYPE_CHECKING:
+    from verl_core.dataflow import StepContext
+
+__all__ = ["run", "BASELINE", "ENGINE_CHECK_SAMPLES"]
+
+#: ``batch.extras`` key of the greedy baseline's scores.
+BASELINE = "baseline_scores"
+#: Samples the stage checks the engine's log-probs on when no node recomputes them for the whole batch.
+ENGINE_CHECK_SAMPLES = 4
+
+
+def run(ctx: "StepContext", request: RolloutRequest, *, check_engine: bool = False) -> Batch:
+    """The step's scored batch (generate, score, filter and resample, greedy baseline).
+
+    ``check_engine``: compare the engine's log-probs with the trainer's on a few samples (one small
+    forward pass), for dataflows that never recompute old log-probs; a no-op for engines that run
+    on the actor's own weights.
+    """
+    if request.max_extra_rounds < 0:
+        raise ValueError(f"RolloutRequest.max_extra_rounds must be >= 0, got {request.max_extra_rounds}")
+    batch = _generate_scored(ctx, request)
+    if request.greedy_baseline:
+        batch = batch.replace(extras={**batch.extras, BASELINE: _greedy_baseline(ctx, batch)})
+    if (check_engine and ctx.actor is not None and batch.rollout_log_probs is not None
+            and not ctx.rollout.shares_actor_weights):
+        part = batch.select(list(range(min(ENGINE_CHECK_SAMPLES, len(batch)))))
+        check_log_prob_gap(ctx, ctx.actor.compute_log_probs(part).log_probs, part)
+    if ctx.rollout.supports_memory_release:
+        # Free the engine's weights and KV cache while the step trains; the trainer wakes it
+        # for the closing weight sync (vLLM's sleep mode on GPU).
+        ctx.rollout.release_memory()
+        ctx.engine_released = True
+    return batch
+
+
+def _timed_add(ctx: "StepContext", key: str, start: float) -> None:
+    ctx.metrics[key] = ctx.metrics.get(key, 0.0) + time.perf_counter() - start
+
+
+def _generate(ctx: "StepContext", prompts, sampling) -> Batch:
+    start = time.perf_counter()
+    batch = generate_batch(ctx.rollout, prompts, sampling)
+    _timed_add(ctx, "timing/generate", start)
+    return batch
+
+
+def _score(ctx: "StepContext", batch: Batch, *, record: bool = True) -> dict[str, torch.Tensor]:
+    """Scores and token rewards of ``batch``; ``record`` adds the reward metrics to the step's."""
+    start = time.perf_counter()
+    scores, metrics = ctx.reward.score(batch)
+    _timed_add(ctx, "timing/reward", start)
+    if record:
+        lengths = batch.response_attention_mask.sum(-1).float()
+        ctx.metrics.update(metrics)
+        ctx.metrics.update({
+            "reward/mean": float(scores.mean()),
+            "reward/max": float(scores.max()),
+            "reward/min": float(scores.min()),
+            "response_length/mean": float(lengths.mean()),
+            "response_length/clip_frac": sum(r == "length" for r in batch.finish_reasons) / max(1, len(lengths)),
+        })
+    return {"scores": scores, "token_rewards": scores_to_token_rewards(scores, batch.response_mask)}
+
+
+def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
+    """Generate and score; with a filter, keep the first groups that survive, resampling as allowed.
+
+    When nothing survives at all the first round is kept unfiltered, so the step still trains on
+    real samples. The reward metrics describe the step's own prompts, as for every algorithm.
+    """
+    batch = _generate(ctx, ctx.prompts, ctx.sampling)
+    batch = batch.replace(**_score(ctx, batch))
+    if request.filter is None:
+        return batch
+    target = len(ctx.prompts)
+    first = batch
+    kept: list[Batch] = []
+    kept_groups: list[int] = []
+    generated = 0
+    rounds = 0
+    for rounds in range(request.max_extra_rounds + 1):
+        if rounds > 0:
+            if ctx.draw_prompts is None:
+                break
+            sampling = ctx.sampling
+            if sampling.seed is not None:
+                # A fresh seed per round: the same seed on new prompts would correlate the samples.
+                sampling = dataclasses.replace(sampling, seed=sampling.seed + 7919 * rounds)
+            batch = _generate(ctx, ctx.draw_prompts(), sampling)
+            # Group ids restart at 0 in every round; shift them so groups of different rounds stay apart.
+            batch = batch.replace(group_ids=batch.group_ids + rounds * target)
+            batch = batch.replace(**_score(ctx, batch, record=False))
+        generated += len(batch)
+        survivors = request.filter(batch)
+        if len(survivors):
+            kept.append(survivors)
+            kept_groups += list(dict.fromkeys(survivors.group_ids.tolist()))
+        if len(kept_groups) >= target:
+            break
+    ctx.metrics.update({
+        "dynamic_sampling/rounds": float(rounds + 1),
+        "dynamic_sampling/generated_samples": float(generated),
+        "dynamic_sampling/kept_groups": float(min(len(kept_groups), target)),
+        "dynamic_sampling/fallback_unfiltered": float(not kept),
+    })
+    if not kept:
+        return first
+    batch = Batch.concat(kept)
+    wanted = set(kept_groups[:target])
+    return batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in wanted])
+
+
+def _greedy_baseline(ctx: "StepContext", batch: Batch) -> torch.Tensor:
+    """The reward of the current policy's greedy answer to each sample's prompt, ``[B]``."""
+    group_ids = batch.group_ids.tolist()
+    first_row: dict[int, int] = {}
+    for i, g in enumerate(group_ids):
+        first_row.setdefault(g, i)
+    rows = [{"prompt_ids": batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist(),
+             **{key: values[i] for key, values in batch.meta.items()}} for i in first_row.values()]
+    greedy = _generate(ctx, rows, dataclasses.replace(ctx.sampling, n=1, greedy=True))
+    start = time.perf_counter()
+    scores, _ = ctx.reward.score(greedy)
+    _timed_add(ctx, "timing/reward", start)
+    per_group = dict(zip(first_row, scores.tolist()))
+    ctx.metrics["baseline/greedy_reward_mean"] = float(scores.mean())
+    return torch.tensor([per_group[g] for g in group_ids], dtype=torch.float32)

@@ -1,0 +1,149 @@
+"""The plugin kinds that extend verl beyond the training loop: ``builtin:`` models and datasets
+(``verl.models``, ``verl.datasets``) and CLI commands (``verl.commands``). (Rewards that claim data
+sources for ``reward.name = "auto"`` are tested in verl-rewards.)
+
+Each test writes throw-away distributions (dist-info metadata plus a module) into a temporary
+directory, so the real ``importlib.metadata`` discovery runs without installing anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from verl_core.registry import PluginRegistry, UnknownPluginError
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+@pytest.fixture
+def plugin(site: Path):
+    """``plugin(source, {group: {name: attr}})`` writes a module and a distribution naming its attributes."""
+    created: list[str] = []
+
+    def make(source: str, entry_points: dict[str, dict[str, str]]) -> PluginRegistry:
+        mod = f"_verl_kinds_plugin_{next(_counter)}"
+        (site / f"{mod}.py").write_text(textwrap.dedent(source))
+        created.append(mod)
+        info = site / f"{mod}-1.0.dist-info"
+        info.mkdir()
+        name = mod.strip("_").replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        groups = {**entry_points, "verl.plugin_api": {"v1": "unused"}}
+        (info / "entry_points.txt").write_text("".join(
+            f"[{group}]\n" + "".join(f"{name} = {mod}:{attr}\n" for name, attr in eps.items()) + "\n"
+            for group, eps in groups.items()))
+        return PluginRegistry(paths=[str(site)], core_version="0.1.0")
+
+    yield make
+    for mod in created:
+        sys.modules.pop(mod, None)
+
+
+PROVIDERS = """
+    from verl_core.interfaces import DatasetProvider, ModelProvider
+
+    class Tiny(ModelProvider):
+        preset = {"backend": {"lr": 0.5}, "run": {"max_steps": 7}}
+        def model_dir(self):
+            return "/models/tiny"
+
+    class Sums(DatasetProvider):
+        splits = ("train", "test")
+        def rows(self, *, split):
+            if split not in self.splits:
+                raise ValueError(f"no split {split!r}")
+            return [{"prompt": "1+1=", "answer": "2", "split": split}]
+"""
+
+
+def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> None:
+    from verl_core.config import _with_model_preset
+    from verl_core.data import DataError, load_rows
+    from verl_core.trainer import resolve_model_path
+
+    registry = plugin(PROVIDERS, {"verl.models": {"tiny": "Tiny"}, "verl.datasets": {"sums": "Sums"}})
+    assert resolve_model_path("builtin:tiny", registry) == "/models/tiny"
+    assert resolve_model_path("./local-dir", registry) == "./local-dir"
+    assert load_rows("builtin:sums", split="test", registry=registry)[0]["split"] == "test"
+    with pytest.raises(DataError, match="builtin:sums: no split 'dev'"):
+        load_rows("builtin:sums", split="dev", registry=registry)
+    # The preset sits under the user's settings: theirs win, the rest fills in.
+    raw = _with_model_preset({"model": {"path": "builtin:tiny"}, "backend": {"lr": 0.1}}, registry)
+    assert raw["backend"] == {"lr": 0.1} and raw["run"] == {"max_steps": 7}
+    assert "run" not in _with_model_preset({"model": {"path": "./local-dir"}}, registry)
+
+
+def test_an_unknown_builtin_lists_the_installed_ones_and_the_package(plugin) -> None:
+    from verl_core.data import load_rows
+    from verl_core.trainer import resolve_model_path
+
+    registry = plugin(PROVIDERS, {"verl.models": {"tiny": "Tiny"}, "verl.datasets": {"sums": "Sums"}})
+    with pytest.raises(UnknownPluginError, match=r"model.path: no built-in model 'builtin:tinny' is installed "
+                                                 r"\(installed: builtin:tiny\); did you mean 'builtin:tiny'\?"):
+        resolve_model_path("builtin:tinny", registry)
+    # A first-party name that is not installed here: the message names the package to install.
+    with pytest.raises(UnknownPluginError, match="pip install verl-task-arithmetic"):
+        resolve_model_path("builtin:tiny-qwen2-addition", registry)
+    with pytest.raises(UnknownPluginError, match=r"installed: builtin:sums\).*pip install verl-task-arithmetic"):
+        load_rows("builtin:addition", registry=registry)
+
+
+COMMANDS = """
+    import typer
+
+    group = typer.Typer()
+
+    @group.command("hello")
+    def hello(name: str = "verl"):
+        print(f"hello {name}")
+
+    def shout():
+        print("HEY")
+
+    not_a_command = 42
+"""
+
+
+def test_command_plugins_are_added_and_broken_ones_only_skipped(plugin, site: Path, capsys) -> None:
+    from verl_core.cli import add_plugin_commands
+
+    (site / "_verl_kinds_broken.py").write_text("raise ImportError('needs a missing package')\n")
+    plugin(COMMANDS, {"verl.commands": {"greet": "group", "shout": "shout", "run": "shout", "odd": "not_a_command"}})
+    broken = site / "_verl_kinds_broken-1.0.dist-info"
+    broken.mkdir()
+    (broken / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-kinds-broken\nVersion: 1.0\n")
+    (broken / "entry_points.txt").write_text("[verl.commands]\nbroken = _verl_kinds_broken:app\n\n"
+                                             "[verl.plugin_api]\nv1 = unused\n")
+    registry = PluginRegistry(paths=[str(site)], core_version="0.1.0")
+    app = typer.Typer()
+
+    @app.command("run")
+    def run() -> None:
+        print("core run")
+
+    add_plugin_commands(app, registry)
+    add_plugin_commands(app, registry)  # idempotent: nothing is added twice
+    notes = capsys.readouterr().err
+    assert "skipping command plugin 'broken'" in notes and "needs a missing package" in notes
+    assert "skipping command plugin 'run'" in notes and "already has a command of that name" in notes
+    assert "skipping command plugin 'odd'" in notes
+    runner = CliRunner()
+    assert runner.invoke(app, ["greet", "hello", "--name", "you"]).output == "hello you\n"
+    assert runner.invoke(app, ["shout"]).output == "HEY\n"
+    assert runner.invoke(app, ["run"]).output == "core run\n"
+    sys.modules.pop("_verl_kinds_broken", None)
