@@ -66,8 +66,8 @@ def test_resume_is_bit_identical(tmp_path):
 
 @pytest.mark.slow
 def test_resume_at_an_epoch_boundary_is_bit_identical(tmp_path):
-    from verl_core.tasks.arithmetic import make_dataset
     from verl_core.trainer import Trainer
+    from verl_task_arithmetic.addition import make_dataset
 
     # 32 prompts, 16 per step: step 2 ends epoch 0, and the interrupted run is cut there.
     data = tmp_path / "train.jsonl"
@@ -119,6 +119,12 @@ def test_plugins_list_json(run_verl):
     rows = {(r["kind"], r["name"]): r for r in json.loads(res.stdout)}
     assert rows[("algorithm", "grpo")]["distribution"] == "verl-core"
     assert rows[("backend", "fsdp")]["status"] == "available"
+    # What is not core comes from first-party plugin distributions, listed like any other plugin.
+    for key, dist in {("model", "tiny-qwen2-addition"): "verl-task-arithmetic", ("dataset", "addition"):
+                      "verl-task-arithmetic", ("reward", "math"): "verl-reward-rules",
+                      ("command", "data"): "verl-data-prepare", ("logger", "tensorboard"): "verl-loggers",
+                      ("scorer", "default"): "verl-rewards"}.items():
+        assert rows[key]["distribution"] == dist and rows[key]["status"] == "available", key
 
 
 def test_plugins_list_imports_no_engine():
@@ -149,7 +155,7 @@ def test_export_loads_with_identical_logits(tmp_path, run_verl):
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     ids = torch.tensor([tok.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True,
                                                 tokenize=True, return_dict=False)])
-    with torch.no_grad(), trainer.actor.gather_for_generation() as live:
+    with torch.no_grad(), trainer.actor.generation_module() as live:
         expected = live(input_ids=ids).logits
         got = model(input_ids=ids).logits
     assert torch.equal(got, expected)
@@ -174,8 +180,8 @@ def test_python_api_with_loaded_model_objects(tmp_path):
 
     from verl_core.config import resolve_config
     from verl_core.registry import PluginRegistry
-    from verl_core.tasks.arithmetic import ensure_builtin_model
     from verl_core.trainer import Trainer
+    from verl_task_arithmetic.addition import ensure_builtin_model
 
     model_dir = ensure_builtin_model()
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from verl_core.data_prepare import sample_path
 from verl_core.testing import tiny_reward_model_dir, tiny_text_model_dir
+from verl_data_prepare.prepare import sample_path
 
 # A tiny random model will not learn GSM8K; these runs check that everything is wired, not that it learns.
 SMALL = ["rollout.n=2", "rollout.max_new_tokens=8", "run.threads=1", "run.val_every=0", "data.max_val_samples=4",
@@ -17,15 +17,11 @@ SMALL = ["rollout.n=2", "rollout.max_new_tokens=8", "run.threads=1", "run.val_ev
 
 @pytest.fixture(scope="module")
 def gsm8k_dir(tmp_path_factory):
-    from typer.testing import CliRunner
-
-    from verl_core.cli import app
-
     out = tmp_path_factory.mktemp("gsm8k")
     src = sample_path("gsm8k")
-    res = CliRunner().invoke(app, ["data", "prepare", "gsm8k", "-i", str(src / "train.jsonl"), "-i",
-                                   str(src / "test.jsonl"), "-o", str(out)])
-    assert res.exit_code == 0, res.output
+    args = ["data", "prepare", "gsm8k", "-i", str(src / "train.jsonl"), "-i", str(src / "test.jsonl"), "-o", str(out)]
+    res = subprocess.run([sys.executable, "-m", "verl_core.cli", *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
     return out
 
 
@@ -127,7 +123,7 @@ def test_reward_plugin_package_rule_and_reward_model_combined_through_verl_run(g
     env = {"PYTHONPATH": str(plugin_site)}
     listed = {(r["kind"], r["name"]): r for r in json.loads(run_verl("plugins", "list", "--json", env=env).stdout)}
     assert listed[("reward", "indexed")]["distribution"] == "verl-reward-indexed"
-    assert listed[("reward", "gsm8k")]["distribution"] == "verl-core"
+    assert listed[("reward", "gsm8k")]["distribution"] == "verl-reward-rules"
 
     reward_model = tiny_reward_model_dir(tmp_path)
     out = tmp_path / "run"

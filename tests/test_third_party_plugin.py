@@ -33,20 +33,23 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_core.algorithms import functional as F
+from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.hooks import hookimpl
-from verl_core.interfaces import Algorithm, AlgorithmConfig
 
 
 @dataclass
-class SignOnlyConfig(AlgorithmConfig):
+class SignOnlyConfig(PPOFamilyConfig):
     scale: float = 1.0
 
 
-class SignOnly(Algorithm):
+class SignOnly(PolicyGradient):
+    """The standard step and PPO-clip loss of the core's PolicyGradient; only the advantages are its own."""
+
     Config = SignOnlyConfig
 
     def compute_advantages(self, batch):
-        scores = batch.scores.float()
+        scores = F.sequence_rewards(batch)  # the token rewards summed, so kl_in_reward reaches them
         adv = torch.zeros_like(scores)
         for g in batch.group_ids.unique():
             m = batch.group_ids == g

@@ -9,8 +9,7 @@ Four changes to GRPO:
   per response, so long responses weigh in proportion to their length.
 * **Dynamic sampling**: groups whose rewards are all equal carry no gradient; they are dropped and
   more prompts are sampled until the batch is full again (capped at ``max_extra_rounds``). The
-  core's :meth:`~verl_core.dataflow.DataflowBuilder.generate_until_full` node does the sampling;
-  DAPO contributes the filter.
+  core's rollout stage does the sampling; DAPO requests it with its filter (``rollout_request``).
 * **Overlong reward shaping**: a soft penalty in the last ``overlong_buffer_len`` tokens before
   the response budget, falling linearly to ``-overlong_penalty_factor`` at the budget.
 
@@ -21,13 +20,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from verl_core.algorithms.functional import scores_to_token_rewards
+from verl_core.algorithms.base import LossAggMode
 from verl_core.algorithms.grpo import GRPO, GRPOConfig
-from verl_core.batch import Batch
+from verl_core.interfaces import RolloutRequest
 
 from verl_algo_contrib import functional as CF
 
@@ -51,9 +51,14 @@ class DAPOConfig(GRPOConfig):
         overlong_penalty_factor: the penalty at the budget (1.0 in the paper).
     """
 
+    inert_when: ClassVar[dict[tuple[str, str], str]] = {
+        ("max_extra_rounds", "dynamic_sampling"): "extra rounds replace groups the dynamic-sampling filter dropped; "
+                                                  "with dynamic_sampling = false nothing is filtered",
+    }
+
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     kl_coef: float = 0.0
     dynamic_sampling: bool = True
     max_extra_rounds: int = 9
@@ -79,25 +84,16 @@ class DAPO(GRPO):
         super().__init__(config)
         self._warned_overlong = False
 
-    def build_dataflow(self, df: Any) -> None:
+    def rollout_request(self) -> RolloutRequest:
+        if not self.config.dynamic_sampling:
+            return RolloutRequest()
+        return RolloutRequest(filter=CF.drop_equal_reward_groups, max_extra_rounds=self.config.max_extra_rounds)
+
+    def shape_rewards(self, df: Any) -> None:
         cfg = self.config
-        if cfg.dynamic_sampling:
-            df.generate_until_full(self, max_extra_rounds=cfg.max_extra_rounds)
-        else:
-            df.actor_generate()
-            df.reward_score()
         if cfg.overlong_buffer_len > 0 and cfg.overlong_penalty_factor > 0:
             # After filtering: groups are kept on accuracy, as in the paper, not on shaped rewards.
             df.node("overlong_shaping", self._shape_overlong, reads=("scores",), writes=("scores", "token_rewards"))
-        df.actor_log_probs()
-        if self.requirements().reference:
-            df.reference_log_probs()
-        df.compute_advantages(self, reads=("scores",))
-        df.update_actor(self)
-        df.sync_weights()
-
-    def filter_batch(self, batch: Batch) -> Batch:
-        return CF.drop_equal_reward_groups(batch) if self.config.dynamic_sampling else batch
 
     def _shape_overlong(self, ctx: Any) -> dict[str, torch.Tensor] | None:
         cfg = self.config

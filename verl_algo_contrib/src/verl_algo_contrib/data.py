@@ -133,10 +133,10 @@ def write_addition_preferences(path: str | Path, *, rows: int = 2000, seed: int 
     Returns:
         The path written.
     """
-    from verl_core.tasks.arithmetic import make_dataset
+    from verl_core.data import load_rows
 
     rng = random.Random(seed)
-    train, _ = make_dataset(seed=0)
+    train = load_rows("builtin:addition", split="train")
     picked = rng.sample(train, min(rows, len(train)))
     lines = []
     for row in picked:

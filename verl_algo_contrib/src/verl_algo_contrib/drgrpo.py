@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from verl_core.algorithms.base import LossAggMode
 from verl_core.algorithms.grpo import GRPO, GRPOConfig
 
 __all__ = ["DrGRPO", "DrGRPOConfig"]
@@ -28,7 +29,7 @@ class DrGRPOConfig(GRPOConfig):
     """
 
     norm_adv_by_std: bool = False
-    loss_agg_mode: str = "seq-mean-token-sum-norm"
+    loss_agg_mode: LossAggMode = "seq-mean-token-sum-norm"
     kl_coef: float = 0.0
 
 

@@ -174,7 +174,8 @@ def _whiten_or_zero(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- policy losses
 def sequence_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                        response_mask: torch.Tensor, *, clip_low: float, clip_high: float,
-                       agg_mode: str = "seq-mean-token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                       agg_mode: str = "seq-mean-token-mean", token_weights: torch.Tensor | None = None,
+                       norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO's clipped objective with the sequence-level, length-normalised importance ratio.
 
     Zheng et al., "Group Sequence Policy Optimization", arXiv:2507.18071. The ratio of sequence
@@ -191,18 +192,21 @@ def sequence_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, adv
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(loss1, loss2)
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
     seq_valid = (mask.sum(-1) > 0).to(log_probs.dtype)
     stats = {
         "clip_frac": masked_mean((loss2 > loss1).float(), mask).detach(),
         "approx_kl": masked_mean(-diff, mask).detach(),
         "seq_ratio_mean": ((seq_log_ratio.exp() * seq_valid).sum() / seq_valid.sum().clamp(min=1.0)).detach(),
     }
-    return agg_loss(loss, mask, agg_mode), stats
+    return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
 
 
 def clipped_is_weight_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                            response_mask: torch.Tensor, *, clip_low: float, clip_high: float,
-                           agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                           agg_mode: str = "token-mean", token_weights: torch.Tensor | None = None,
+                           norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO: ``-sg[clip(r_t, 1 - eps_low, 1 + eps_high)] * A_t * log pi(y_t)``.
 
     MiniMax, "MiniMax-M1", arXiv:2506.13585. PPO's clip zeroes the gradient of clipped tokens;
@@ -214,30 +218,42 @@ def clipped_is_weight_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
     loss = -weight * advantages * log_probs
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
     stats = {
         "clip_frac": masked_mean((weight != ratio.detach()).float(), mask).detach(),
         "approx_kl": masked_mean(-log_ratio, mask).detach(),
         "is_weight_mean": masked_mean(weight, mask).detach(),
     }
-    return agg_loss(loss, mask, agg_mode), stats
+    return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
 
 
 def vanilla_pg_loss(log_probs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
-                    agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The plain policy gradient ``-A_t * log pi(y_t)``: no ratio, no clip (GPG, on-policy only)."""
+                    agg_mode: str = "token-mean", token_weights: torch.Tensor | None = None,
+                    norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The plain policy gradient ``-A_t * log pi(y_t)``: no ratio, no clip (GPG, on-policy only).
+    ``token_weights`` (detached) scale each token's loss, e.g. truncated importance weights.
+
+    ``norm_length`` here and in the other losses is :func:`~verl_core.algorithms.functional.agg_loss`'s:
+    the constant ``seq-mean-token-sum-norm`` divides by (pass the batch's ``info["max_new_tokens"]``,
+    as the core's PPO loss does; the default, the tensor's width, changes with each micro-batch).
+    """
     mask = response_mask.to(log_probs.dtype)
-    return agg_loss(-advantages * log_probs, mask, agg_mode), {}
+    loss = -advantages * log_probs
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
+    return agg_loss(loss, mask, agg_mode, norm_length=norm_length), {}
 
 
 def with_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None,
                       loss: torch.Tensor, stats: dict[str, torch.Tensor],
-                      ) -> tuple[torch.Tensor, dict[str, float]]:
+                      is_metrics: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """A policy-gradient loss plus the KL/entropy terms ``config`` asks for, with ``ppo/*`` metrics.
 
     The metric names are the core's (``ppo/pg_loss``, ``ppo/actor_loss``, ``ppo/<stat>``), so
     dashboards and the console line read every algorithm the same way.
     """
-    metrics = {"ppo/pg_loss": float(loss.detach())}
+    metrics = {"ppo/pg_loss": float(loss.detach()), **(is_metrics or {})}
     extra, extra_metrics = policy_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy)
     loss = loss + extra
     metrics.update(extra_metrics)

@@ -12,12 +12,13 @@ Because there is no ratio, it needs no old log-probs, which saves a forward pass
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from verl_core.algorithms import functional as F
+from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig
 
 from verl_algo_contrib import functional as CF
 
@@ -25,7 +26,7 @@ __all__ = ["GPG", "GPGConfig"]
 
 
 @dataclass
-class GPGConfig(AlgorithmConfig):
+class GPGConfig(PPOFamilyConfig):
     """GPG settings.
 
     Attributes:
@@ -34,7 +35,13 @@ class GPGConfig(AlgorithmConfig):
         correct_for_invalid: apply ``alpha = B / (B - M)``.
         eps: added to the standard deviation.
         epochs: 1 and ``mini_batch_size`` 0: the loss has no ratio, so it is only valid on-policy.
+
+    The PPO clip ratios are refused when moved off their defaults: there is no ratio to clip.
     """
+
+    inert_when: ClassVar[dict[tuple[str, str], str]] = {
+        ("eps", "norm_adv_by_std"): "eps is added to the standard deviation, which only norm_adv_by_std = true divides by",
+    }
 
     norm_adv_by_std: bool = False
     correct_for_invalid: bool = True
@@ -48,24 +55,30 @@ class GPGConfig(AlgorithmConfig):
         if self.epochs != 1 or self.mini_batch_size != 0:
             raise ValueError("epochs: GPG's loss has no importance ratio, so it must update once per batch "
                              "(epochs = 1, mini_batch_size = 0)")
+        if self.kl_in_reward:
+            raise ValueError("kl_in_reward: GPG computes no old log-probs, so a KL penalty cannot be folded into "
+                             "the rewards; keep kl_in_reward = false (the KL is then a loss term)")
+        if self.use_rollout_log_probs:
+            raise ValueError("use_rollout_log_probs: GPG uses no old log-probs at all; leave it false")
+        ppo = PPOFamilyConfig()
+        for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c"):
+            if getattr(self, key) != getattr(ppo, key):
+                raise ValueError(f"{key}: GPG's loss has no importance ratio, so there is nothing to clip; leave "
+                                 f"{key} at its default ({getattr(ppo, key)})")
 
 
-class GPG(Algorithm):
+class GPG(PolicyGradient):
     """Group-centred advantages with the plain policy-gradient loss."""
 
     Config = GPGConfig
 
     def build_dataflow(self, df: Any) -> None:
-        needs = self.requirements()
-        df.actor_generate()
-        df.reward_score()
-        df.filter_batch(self)
-        if needs.reference:
+        df.rollout(self.rollout_request())
+        if self.requirements().reference:
             df.reference_log_probs()
         df.compute_advantages(self, reads=("token_rewards",))
         # No ratio, so no old log-probs: the update reads only the advantages.
         df.update_actor(self, reads=("advantages",))
-        df.sync_weights()
 
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
@@ -77,7 +90,11 @@ class GPG(Algorithm):
     def policy_loss(self, *, batch: Batch, log_probs: torch.Tensor | None = None,
                     entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, dict[str, float]]:
+        # On-policy, so the policy that sampled is the current one: its detached log-probs are the
+        # trainer's side of the rollout correction.
+        weights, is_metrics = F.rollout_is_weights(self.config, batch, trainer_log_probs=log_probs.detach())
         loss, stats = CF.vanilla_pg_loss(log_probs, batch.advantages, batch.response_mask,
-                                         agg_mode=self.config.loss_agg_mode)
+                                         agg_mode=self.config.loss_agg_mode, token_weights=weights,
+                                         norm_length=batch.info.get("max_new_tokens"))
         return CF.with_regularizers(self.config, batch=batch, log_probs=log_probs, entropy=entropy, loss=loss,
-                                    stats=stats)
+                                    stats=stats, is_metrics=is_metrics)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_core.algorithms import functional as F
+from verl_core.algorithms.base import LossAggMode
 from verl_core.algorithms.grpo import GRPO, GRPOConfig
 from verl_core.batch import Batch
 
@@ -34,8 +36,14 @@ class GSPOConfig(GRPOConfig):
 
     clip_ratio_low: float = 3e-4
     clip_ratio_high: float = 4e-4
-    loss_agg_mode: str = "seq-mean-token-mean"
+    loss_agg_mode: LossAggMode = "seq-mean-token-mean"
     kl_coef: float = 0.0
+
+    def validate(self) -> None:
+        super().validate()
+        if self.clip_ratio_c:
+            raise ValueError("clip_ratio_c: GSPO clips the sequence ratio with clip_ratio_low/high and has no dual "
+                             "clip; leave clip_ratio_c = 0")
 
 
 class GSPO(GRPO):
@@ -47,7 +55,10 @@ class GSPO(GRPO):
                     entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
+        weights, is_metrics = F.rollout_is_weights(cfg, batch)
         loss, stats = CF.sequence_clip_loss(log_probs, batch.old_log_probs, batch.advantages, batch.response_mask,
                                             clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-                                            agg_mode=cfg.loss_agg_mode)
-        return CF.with_regularizers(cfg, batch=batch, log_probs=log_probs, entropy=entropy, loss=loss, stats=stats)
+                                            agg_mode=cfg.loss_agg_mode, token_weights=weights,
+                                            norm_length=batch.info.get("max_new_tokens"))
+        return CF.with_regularizers(cfg, batch=batch, log_probs=log_probs, entropy=entropy, loss=loss, stats=stats,
+                                    is_metrics=is_metrics)

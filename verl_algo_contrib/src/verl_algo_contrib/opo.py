@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig
+from verl_core.algorithms.base import LossAggMode, PPOFamilyConfig, PolicyGradient
 
 from verl_algo_contrib import functional as CF
 
@@ -22,7 +22,7 @@ __all__ = ["OPO", "OPOConfig"]
 
 
 @dataclass
-class OPOConfig(AlgorithmConfig):
+class OPOConfig(PPOFamilyConfig):
     """OPO settings.
 
     Attributes:
@@ -33,10 +33,10 @@ class OPOConfig(AlgorithmConfig):
     epochs: int = 1
     mini_batch_size: int = 0
     kl_coef: float = 0.0
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
 
 
-class OPO(Algorithm):
+class OPO(PolicyGradient):
     """Length-weighted group baseline, strictly on-policy updates."""
 
     Config = OPOConfig

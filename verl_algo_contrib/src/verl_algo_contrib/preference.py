@@ -19,7 +19,7 @@ Columns (configurable): ``prompt``, ``chosen``, ``rejected``; KTO also reads ``c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -43,6 +43,14 @@ class PreferenceConfig(AlgorithmConfig):
         rejected_key: column with the dispreferred response.
         max_response_length: cut responses to this many tokens (0: keep them whole).
     """
+
+    # What acts while the batch is built from the data rows, which the conformance suite's fixed
+    # batch stands in for; test_contrib_algorithms.py checks each on real rows.
+    inert_fields: ClassVar[dict[str, str]] = {
+        "chosen_key": "names the data column of the preferred response, read by build_batch",
+        "rejected_key": "names the data column of the dispreferred response, read by build_batch",
+        "max_response_length": "cuts the data's responses in build_batch",
+    }
 
     beta: float = 0.1
     chosen_key: str = "chosen"
@@ -77,8 +85,6 @@ class PreferenceAlgorithm(Algorithm):
         if self.uses_reference:
             df.reference_log_probs()
         df.update_actor(self, reads=("ref_log_probs",) if self.uses_reference else ())
-        # Validation generates with the rollout engine, which must see the new weights.
-        df.sync_weights()
 
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         zeros = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
@@ -187,6 +193,11 @@ class KTOConfig(PreferenceConfig):
         label_key: column with the unary label (true = desirable).
         desirable_threshold: scores at or above it are desirable (1/0 labels from data).
     """
+
+    inert_fields: ClassVar[dict[str, str]] = {
+        "completion_key": "names the data column of a unary row's completion, read by build_batch",
+        "label_key": "names the data column of a unary row's label, read by build_batch",
+    }
 
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0

@@ -23,7 +23,7 @@ import torch
 
 from verl_core.algorithms.functional import masked_whiten
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig
+from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 
 from verl_algo_contrib import functional as CF
 
@@ -32,7 +32,7 @@ __all__ = ["ReinforcePlusPlus", "ReinforcePlusPlusConfig", "ReinforcePlusPlusBas
 
 
 @dataclass
-class ReinforcePlusPlusConfig(AlgorithmConfig):
+class ReinforcePlusPlusConfig(PPOFamilyConfig):
     """REINFORCE++ settings.
 
     Attributes:
@@ -45,7 +45,7 @@ class ReinforcePlusPlusConfig(AlgorithmConfig):
 
     kl_coef: float = 0.001
     kl_in_reward: bool = True
-    kl_estimator: str = "k1"
+    kl_estimator: KLEstimator = "k1"
     gamma: float = 1.0
 
     def validate(self) -> None:
@@ -54,7 +54,7 @@ class ReinforcePlusPlusConfig(AlgorithmConfig):
             raise ValueError("gamma: must be in (0, 1]")
 
 
-class ReinforcePlusPlus(Algorithm):
+class ReinforcePlusPlus(PolicyGradient):
     """Returns-to-go of KL-shaped token rewards, whitened over the batch."""
 
     Config = ReinforcePlusPlusConfig
@@ -68,7 +68,7 @@ class ReinforcePlusPlus(Algorithm):
 
 
 @dataclass
-class ReinforcePlusPlusBaselineConfig(AlgorithmConfig):
+class ReinforcePlusPlusBaselineConfig(PPOFamilyConfig):
     """REINFORCE++-baseline settings.
 
     Attributes:
@@ -79,10 +79,10 @@ class ReinforcePlusPlusBaselineConfig(AlgorithmConfig):
 
     kl_coef: float = 0.001
     kl_in_reward: bool = False
-    kl_estimator: str = "k2"
+    kl_estimator: KLEstimator = "k2"
 
 
-class ReinforcePlusPlusBaseline(Algorithm):
+class ReinforcePlusPlusBaseline(PolicyGradient):
     """Group-mean baseline, then batch-wide whitening; KL as a loss term."""
 
     Config = ReinforcePlusPlusBaselineConfig

@@ -5,29 +5,30 @@ Large Language Models", arXiv:2310.10505. Instead of PPO's critic, each prompt a
 greedy response from the current policy, and its reward is subtracted from the sampled
 responses' rewards: ``A = r(x, y) - r(x, y_greedy)``. That costs one extra (greedy) generation per
 prompt but no value model and no second copy of the weights in the optimizer. The core's
-:meth:`~verl_core.dataflow.DataflowBuilder.greedy_baseline` node produces the baseline; the update
+rollout stage produces the baseline on request (:mod:`verl_core.rollout_stage`); the update
 is on-policy REINFORCE (one epoch over the batch, where PPO-clip equals the policy gradient).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from verl_core import rollout_stage
+from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig
+from verl_core.interfaces import RolloutRequest
 
 from verl_algo_contrib import functional as CF
 
 __all__ = ["ReMax", "ReMaxConfig"]
 
-BASELINE = "baseline_scores"
+BASELINE = rollout_stage.BASELINE
 
 
 @dataclass
-class ReMaxConfig(AlgorithmConfig):
+class ReMaxConfig(PPOFamilyConfig):
     """ReMax settings.
 
     Attributes:
@@ -40,32 +41,23 @@ class ReMaxConfig(AlgorithmConfig):
 
     kl_coef: float = 0.0
     kl_in_reward: bool = True
-    kl_estimator: str = "k1"
+    kl_estimator: KLEstimator = "k1"
     epochs: int = 1
     mini_batch_size: int = 0
 
 
-class ReMax(Algorithm):
+class ReMax(PolicyGradient):
     """Sampled reward minus the greedy response's reward."""
 
     Config = ReMaxConfig
 
-    def build_dataflow(self, df: Any) -> None:
-        needs = self.requirements()
-        df.actor_generate()
-        df.reward_score()
-        df.greedy_baseline(name=BASELINE)
-        df.actor_log_probs()
-        if needs.reference:
-            df.reference_log_probs()
-            if self.config.kl_in_reward:
-                df.kl_in_reward(self)
-        df.compute_advantages(self, reads=("token_rewards", "extras." + BASELINE))
-        df.update_actor(self)
-        df.sync_weights()
+    advantage_inputs = ("token_rewards", "extras." + BASELINE)
+
+    def rollout_request(self) -> RolloutRequest:
+        return RolloutRequest(greedy_baseline=True)
 
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         baseline = batch.extras.get(BASELINE)
         if baseline is None:
-            raise ValueError(f"ReMax needs batch.extras[{BASELINE!r}] from the greedy_baseline dataflow node")
+            raise ValueError(f"ReMax needs batch.extras[{BASELINE!r}] from the greedy_baseline rollout stage (RolloutRequest(greedy_baseline=True))")
         return CF.baseline_advantages(batch.token_rewards.float(), baseline, batch.response_mask)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig
+from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 
 from verl_algo_contrib import functional as CF
 
@@ -24,7 +24,7 @@ __all__ = ["RLOO", "RLOOConfig"]
 
 
 @dataclass
-class RLOOConfig(AlgorithmConfig):
+class RLOOConfig(PPOFamilyConfig):
     """RLOO settings.
 
     Attributes:
@@ -38,12 +38,12 @@ class RLOOConfig(AlgorithmConfig):
 
     kl_coef: float = 0.0
     kl_in_reward: bool = True
-    kl_estimator: str = "k1"
+    kl_estimator: KLEstimator = "k1"
     epochs: int = 1
     mini_batch_size: int = 0
 
 
-class RLOO(Algorithm):
+class RLOO(PolicyGradient):
     """Leave-one-out baselines over each prompt's samples; critic-free."""
 
     Config = RLOOConfig

@@ -18,7 +18,7 @@ raw column (``target_key``). A reward function still scores the samples, for the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -41,6 +41,11 @@ class SPINConfig(AlgorithmConfig):
         max_response_length: cut targets to this many tokens (0: keep them whole).
     """
 
+    inert_fields: ClassVar[dict[str, str]] = {
+        "target_key": "names the data column of the SFT target, which the conformance suite's rows lack (they give "
+                      "the ground truth, the default); test_contrib_algorithms.py checks it on real rows",
+    }
+
     beta: float = 0.1
     target_key: str = ""
     max_response_length: int = 0
@@ -62,12 +67,10 @@ class SPIN(Algorithm):
         return Requirements(critic=False, reference=False)
 
     def build_dataflow(self, df: Any) -> None:
-        df.actor_generate()
-        df.reward_score()
+        df.rollout()
         df.node("pair_with_targets", self.pair_with_targets, reads=("scores",), writes=("batch",))
         df.actor_log_probs()
         df.update_actor(self, reads=("old_log_probs",))
-        df.sync_weights()
 
     def pair_with_targets(self, ctx: Any) -> Batch:
         """One (target, generated) group per generated sample; the generated batch's group ids

@@ -16,13 +16,13 @@ import torch
 
 from verl_core.algorithms import functional as F
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig
+from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
 
 __all__ = ["MyAlgo", "MyAlgoConfig"]
 
 
 @dataclass
-class MyAlgoConfig(AlgorithmConfig):
+class MyAlgoConfig(PPOFamilyConfig):
     """Settings of my_algo: the ``[algorithm]`` section of a run's config (``algorithm.<key>=...``).
 
     The base class brings the shared knobs (clip ratios, ``kl_coef``, ``entropy_coef``,
@@ -41,14 +41,14 @@ class MyAlgoConfig(AlgorithmConfig):
             raise ValueError("advantage_clip: must be > 0")
 
 
-class MyAlgo(Algorithm):
+class MyAlgo(PolicyGradient):
     """Group-mean baseline, clipped advantages, the core's PPO-clip loss."""
 
     Config = MyAlgoConfig
 
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(advantages, returns)``, both ``[B, R]`` and 0 where ``response_mask`` is 0."""
-        adv = F.group_normalized_advantages(batch.scores, batch.group_ids, batch.response_mask, norm_by_std=False)
+        adv = F.group_normalized_advantages(F.sequence_rewards(batch), batch.group_ids, batch.response_mask, norm_by_std=False)
         clip = self.config.advantage_clip
         adv = adv.clamp(-clip, clip) * batch.response_mask
         return adv, adv
