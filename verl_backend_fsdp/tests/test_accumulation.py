@@ -54,6 +54,6 @@ def test_micro_batched_updates_match_plain_pytorch(model_dir, shard_single_rank)
     assert (ours - theirs).abs().max() < 1e-4
 
     # And so must generation through the actor's own module (the HF rollout's path).
-    with worker.gather_for_generation() as module, torch.no_grad():
+    with worker.generation_module() as module, torch.no_grad():
         gathered = response_log_probs(module, probe)
     assert (gathered - theirs).abs().max() < 1e-4

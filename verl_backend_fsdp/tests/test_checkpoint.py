@@ -123,19 +123,16 @@ def test_unwrapped_and_wrapped_one_rank_checkpoints_are_interchangeable(tmp_path
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path):
-    from verl_core.tasks.arithmetic import build_model, build_tokenizer
+    from transformers import AutoConfig, AutoTokenizer, Qwen2ForCausalLM
 
     small_dir = str(tiny_model_dir(tmp_path))
     worker = _worker(small_dir)
     worker.save_state(str(tmp_path / "small"))
-    tok = build_tokenizer()
-    config = build_model(tok, seed=0).config.to_dict()
-    config.update(intermediate_size=config["intermediate_size"] * 2)  # same names, other shapes
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
+    config = AutoConfig.from_pretrained(small_dir)
+    config.intermediate_size *= 2  # same names, other shapes
     bigger_dir = tmp_path / "other"
-    Qwen2ForCausalLM(Qwen2Config(**config)).save_pretrained(bigger_dir)
-    tok.save_pretrained(bigger_dir)
+    Qwen2ForCausalLM(config).save_pretrained(bigger_dir)
+    AutoTokenizer.from_pretrained(small_dir).save_pretrained(bigger_dir)
     with pytest.raises(ValueError, match="different model"):
         _worker(str(bigger_dir)).load_state(str(tmp_path / "small"))
 

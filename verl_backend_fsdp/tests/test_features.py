@@ -88,22 +88,23 @@ def test_lora_trains_adapters_syncs_merged_weights_and_reference_is_the_base(mod
 
     actor.export_hf(str(tmp_path / "hf"))
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    with torch.no_grad(), actor.gather_for_generation() as live:
+    with torch.no_grad(), actor.generation_module() as live:
         ids = batch.input_ids[:2]
         assert (exported(input_ids=ids).logits - live(input_ids=ids).logits).abs().max() < 1e-5
 
 
 def test_lora_actor_can_generate_before_any_forward(model_dir):
     # The first call on a fresh LoRA actor is a rollout: generate() must enter FSDP through the root.
+    from transformers import AutoTokenizer
+
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import SamplingParams
     from verl_core.rollout_hf import HFRollout
-    from verl_core.tasks.arithmetic import build_tokenizer
 
     actor = FSDPBackend(FSDPConfig(lora_rank=4)).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
                                                                  world=WorldInfo(threads=1), seed=0)
-    engine = HFRollout(config=HFRollout.Config(), model=ModelSpec(path=model_dir), tokenizer=build_tokenizer(),
-                       actor=actor)
+    engine = HFRollout(config=HFRollout.Config(), model=ModelSpec(path=model_dir),
+                       tokenizer=AutoTokenizer.from_pretrained(model_dir), actor=actor)
     out = engine.generate([[1, 5, 6, 14]], sampling=SamplingParams(n=2, max_new_tokens=3, seed=0))
     assert len(out.response_ids) == 2 and all(1 <= len(r) <= 3 for r in out.response_ids)
 
@@ -278,18 +279,40 @@ def test_close_frees_the_module_at_once(model_dir, wrapped):
         gc.enable()
 
 
-def test_learning_rate_warms_up_then_follows_the_cosine_once_per_training_step(model_dir):
-    import math
+# Rates worked out by hand from BackendConfig's documented schedule (not from the implementation):
+# warm-up step k of w uses lr * k / w; then the cosine
+#   lr * (floor + (1 - floor) * (1 + cos(pi * j / (total - w))) / 2),  j = 0, 1, ... steps after warm-up,
+# which reaches lr * floor at j = total - w and stays there. cos(pi/4) = 0.70710678118654...
+LR_SCHEDULES = {
+    # lr 1e-3, warm-up 2, total 6, floor 0.1: 0.5, 1 (warm-up); 1, 0.1 + 0.45 * 1.7071068,
+    # 0.1 + 0.45, 0.1 + 0.45 * 0.2928932 (cosine); then the floor 0.1, past total_training_steps too.
+    "warmup_cosine_floor": ({"warmup_steps": 2, "lr_schedule": "cosine", "total_training_steps": 6,
+                             "min_lr_ratio": 0.1},
+                            [5e-4, 1e-3, 1e-3, 8.6819805153e-4, 5.5e-4, 2.3180194847e-4, 1e-4, 1e-4]),
+    # No warm-up, floor 0, total 4: 1, (1 + 0.7071068) / 2, 1/2, (1 - 0.7071068) / 2, then 0.
+    "cosine_to_zero": ({"lr_schedule": "cosine", "total_training_steps": 4},
+                       [1e-3, 8.5355339059e-4, 5e-4, 1.4644660941e-4, 0.0, 0.0]),
+    # Warm-up 3 into a constant rate: 1/3, 2/3, 1, and 1 from then on.
+    "warmup_constant": ({"warmup_steps": 3}, [3.3333333333e-4, 6.6666666667e-4, 1e-3, 1e-3, 1e-3]),
+}
 
-    worker = _worker(model_dir, lr=1e-3, warmup_steps=2, lr_schedule="cosine", total_training_steps=6,
-                     min_lr_ratio=0.1, micro_batch_size=4)
+
+@pytest.mark.parametrize("case", sorted(LR_SCHEDULES))
+def test_learning_rate_follows_the_documented_schedule_once_per_training_step(model_dir, case):
+    settings, expected = LR_SCHEDULES[case]
+    worker = _worker(model_dir, lr=1e-3, micro_batch_size=4, **settings)
     batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, seed=1, advantages=True)
-    used = [worker.update_policy(batch, loss_fn=_loss, mini_batch_size=4, epochs=1)["actor/lr"] for _ in range(7)]
-    cosine = [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (k - 2) / 4))) for k in range(2, 7)]
-    expected = [1e-3 * f for f in (0.5, 1.0, *cosine)]
-    assert used == pytest.approx(expected, rel=1e-9)
-    assert used[-1] == pytest.approx(1e-4)  # the floor, and it stays there past total_training_steps
-    assert worker.optimizer_steps == 14  # two mini-batches per update, one rate for both
+    used = []
+    for _ in expected:
+        seen = []  # the rate each optimizer step really applied, read from the optimizer itself
+        hook = worker.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, seen=seen: seen.append(opt.param_groups[0]["lr"]))
+        reported = worker.update_policy(batch, loss_fn=_loss, mini_batch_size=4, epochs=1)["actor/lr"]
+        hook.remove()
+        assert len(seen) == 2 and seen[0] == seen[1] == reported  # two mini-batches, one rate for the step
+        used.append(reported)
+    assert used == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert worker.optimizer_steps == 2 * len(expected)
 
 
 def test_activation_checkpointing_trains_like_without(model_dir):

@@ -88,10 +88,9 @@ def test_killing_a_worker_stops_the_run_with_role_rank_and_cause(start_verl, tmp
     proc, seen = start_long_run(start_verl, tmp_path)
     hosts = sorted(p for p in seen if "WorkerHost" in cmdline(p))
     assert len(hosts) == 2, [cmdline(p) for p in seen]
-    killed_at = time.monotonic()
     os.kill(hosts[1], signal.SIGKILL)
-    assert wait_for(lambda: proc.poll() is not None, 60), "the run kept going after a worker was killed"
-    took = time.monotonic() - killed_at
+    # A deadline against a hang (the run has 498 steps left), not a measurement.
+    assert wait_for(lambda: proc.poll() is not None, 120), "the run kept going after a worker was killed"
     proc.log.seek(0)
     log = proc.log.read()
     assert proc.returncode == 1, log[-3000:]
@@ -100,7 +99,6 @@ def test_killing_a_worker_stops_the_run_with_role_rank_and_cause(start_verl, tmp
     assert match, log[-3000:]
     assert int(match.group(3)) == hosts[1]
     assert "Traceback" not in log.split("verl: run failed")[-1]
-    assert took < 60
     assert wait_for(lambda: not alive(sorted(seen)), 15), [cmdline(p) for p in alive(sorted(seen))]
 
 

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def builtin():
     from verl_core.algorithms.grpo import GRPO
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_core.rollout_utils import build_batch
-    from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset, reward
+    from verl_task_arithmetic.addition import ensure_builtin_model, make_dataset, reward
 
     model_dir = str(ensure_builtin_model())
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -120,7 +121,7 @@ def test_colocated_rollout_runs_in_the_actor_processes(ray_session, builtin):
         out = rollout.generate(ids, sampling=greedy)
         rollout.load_weights(actor.iter_weights())  # shares the weights: nothing to send
         with pytest.raises(TypeError, match="context manager, which cannot cross a process boundary"):
-            actor.gather_for_generation()
+            actor.generation_module()
     finally:
         executor.shutdown()
     assert out.response_ids == expected.response_ids
@@ -166,15 +167,39 @@ def test_split_placement_sends_the_updated_weights(ray_session, builtin):
     assert sent == 1
 
 
-class Sleeper:
-    """A worker that only waits: lets the tests time the executor itself."""
+class Coordinator:
+    """A worker that only coordinates through files, so the tests prove concurrency by construction.
+
+    Every worker process runs on this machine and sees the test's ``tmp_path``. No assertion reads
+    a clock: a missing overlap shows as a rendezvous that times out, an unwanted one as a file that
+    is already taken.
+    """
 
     def __init__(self, world):
         self.world = world
 
-    def work(self, seconds):
-        time.sleep(seconds)
-        return self.world.rank
+    def rendezvous(self, directory, me, other, timeout):
+        """Arrive as ``me`` and wait for ``other`` to arrive; True if it did within ``timeout`` s."""
+        (Path(directory) / me).touch()
+        return _wait_for_path(Path(directory) / other, timeout)
+
+    def occupy(self, directory, hold):
+        """Take ``directory/busy`` for ``hold`` seconds; False if another call held it already."""
+        busy = Path(directory) / "busy"
+        try:
+            os.close(os.open(busy, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        try:
+            time.sleep(hold)  # long enough for a concurrent call to find the file taken
+        finally:
+            busy.unlink()
+        return True
+
+    def block(self, marker):
+        """Say the call has started, then never return: only a failure can end the call."""
+        Path(marker, f"rank{self.world.rank}").touch()
+        threading.Event().wait()
 
     def pid(self):
         return os.getpid()
@@ -183,58 +208,69 @@ class Sleeper:
         pass
 
 
-def make_sleeper(world):
-    return Sleeper(world)
+def _wait_for_path(path, timeout):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
-def test_groups_on_different_pools_run_concurrently(ray_session):
+def make_coordinator(world):
+    return Coordinator(world)
+
+
+def test_groups_on_different_pools_run_concurrently(ray_session, tmp_path):
     executor = ray_executor(pools={"a": 1, "b": 1}, placement={"actor": "a", "critic": "b", "reference": "a"})
+    apart, together = tmp_path / "apart", tmp_path / "together"
+    apart.mkdir(), together.mkdir()
     try:
-        actor = executor.create_group(role=Role.ACTOR, factory=make_sleeper)
-        critic = executor.create_group(role=Role.CRITIC, factory=make_sleeper)
-        reference = executor.create_group(role=Role.REFERENCE, factory=make_sleeper)
+        actor = executor.create_group(role=Role.ACTOR, factory=make_coordinator)
+        critic = executor.create_group(role=Role.CRITIC, factory=make_coordinator)
+        reference = executor.create_group(role=Role.REFERENCE, factory=make_coordinator)
         assert actor.pid() == reference.pid() != critic.pid()  # colocated roles share a process
-
-        def timed(tasks):
-            start = time.perf_counter()
-            executor.run_parallel(tasks)
-            return time.perf_counter() - start
-
-        apart = timed([lambda: critic.work(1.5), lambda: reference.work(1.5)])
-        together = timed([lambda: actor.work(1.5), lambda: reference.work(1.5)])
+        # Different pools: each call waits for the other to arrive, so run one after the other the
+        # first would give up after its timeout (generous: a loaded machine only makes it slower).
+        met = executor.run_parallel([lambda: critic.rendezvous(str(apart), "critic", "reference", 60),
+                                     lambda: reference.rendezvous(str(apart), "reference", "critic", 60)])
+        # Same processes: one after the other (their collectives would clash), so neither call ever
+        # finds the other holding the file.
+        alone = executor.run_parallel([lambda: actor.occupy(str(together), 1.0),
+                                       lambda: reference.occupy(str(together), 1.0)])
     finally:
         executor.shutdown()
-    assert apart < 2.5, apart  # different pools: both at once
-    assert together >= 3.0, together  # same processes: one after the other (their collectives would clash)
+    assert met == [True, True], met
+    assert alone == [True, True], alone
 
 
-def test_a_killed_worker_ends_the_call_with_role_rank_and_cause(ray_session):
+def test_a_killed_worker_ends_the_call_with_role_rank_and_cause(ray_session, tmp_path):
     executor = ray_executor(world_size=2)
     errors = []
     try:
-        group = executor.create_group(role=Role.ACTOR, factory=make_sleeper)
+        group = executor.create_group(role=Role.ACTOR, factory=make_coordinator)
         victim = executor._pools["default"].info[1]["pid"]
 
         def call():
             try:
-                group.work(120)
+                group.block(str(tmp_path))  # never returns on its own
             except BaseException as exc:
-                errors.append((exc, time.monotonic()))
+                errors.append(exc)
 
         caller = threading.Thread(target=call, daemon=True)
         caller.start()
-        time.sleep(2)
-        killed_at = time.monotonic()
+        # Kill only once both ranks are inside the call, so it is the call that must notice.
+        assert _wait_for_path(tmp_path / "rank0", 120) and _wait_for_path(tmp_path / "rank1", 120)
         os.kill(victim, signal.SIGKILL)
-        caller.join(timeout=60)
+        caller.join(timeout=120)  # a deadline against a hang, not a measurement
+        hung = caller.is_alive()  # read before shutdown, which would end the call by killing rank 0 too
     finally:
         executor.shutdown()
-    assert errors, "the call did not return after a worker was killed"
-    exc, at = errors[0]
+    assert not hung and errors, "the call did not return after a worker was killed"
+    exc = errors[0]
     assert isinstance(exc, WorkerFailedError), repr(exc)
     assert (exc.role, exc.rank) == ("actor", 1)
     assert "rank 1 of 2" in str(exc) and str(victim) in str(exc) and "killed by a signal" in str(exc)
-    assert at - killed_at < 30
 
 
 def test_a_plugin_that_workers_cannot_import_fails_at_start_with_its_name(ray_session, monkeypatch):
@@ -244,7 +280,7 @@ def test_a_plugin_that_workers_cannot_import_fails_at_start_with_its_name(ray_se
     executor.use_plugins([("algorithm", "no-such-algorithm")])
     try:
         with pytest.raises(PluginError, match=r"(?s)no-such-algorithm.*Ray worker process of pool 'default', rank 0"):
-            executor.create_group(role=Role.ACTOR, factory=make_sleeper)
+            executor.create_group(role=Role.ACTOR, factory=make_coordinator)
     finally:
         executor.shutdown()
 

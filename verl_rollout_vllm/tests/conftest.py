@@ -64,8 +64,11 @@ def vllm_engine(model_dir: str, tokenizer: Any) -> Iterator[Any]:
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     # Adapters on (max_lora_rank) so one engine also covers LoRA adapter sync; without an adapter
-    # loaded it serves the base weights like any engine.
-    engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.25, max_model_len=64, max_lora_rank=8),
+    # loaded it serves the base weights like any engine. Sleep mode asked for, so the memory-release
+    # test covers it: vLLM sleeps on a GPU, and on CPU (no sleep mode) the engine must ignore it.
+    # One engine only: vLLM's parallel state is per process, and closing a second engine tears it down.
+    engine = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=0.25, max_model_len=64, max_lora_rank=8,
+                                                  enable_sleep_mode=True),
                          model=ModelSpec(path=model_dir, dtype="float32"), tokenizer=tokenizer)
     yield engine
     engine.close()

@@ -49,7 +49,7 @@ def test_run_syncs_every_step_and_resumes_onto_checkpoint_weights(tmp_path: Path
     script = textwrap.dedent(f"""
         import torch
         from verl_core.trainer import Trainer
-        from verl_core.tasks.arithmetic import ensure_builtin_model
+        from verl_task_arithmetic.addition import ensure_builtin_model
         from transformers import AutoModelForCausalLM
         t = Trainer.from_checkpoint({str(out)!r}, overrides=["run.max_steps=3"])
         t.setup()

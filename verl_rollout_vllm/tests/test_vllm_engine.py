@@ -110,15 +110,68 @@ def test_host_threads_and_set_num_threads_survive_the_engine(vllm_engine: Any) -
     torch.set_num_threads(1)
 
 
-def test_memory_release_is_skipped_cleanly_on_cpu(vllm_engine: Any, prompts: list[list[int]]) -> None:
-    if not vllm_engine.on_cpu:
-        pytest.skip("sleep mode is a GPU feature")
-    assert vllm_engine.supports_memory_release is False
-    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=4)
-    before = vllm_engine.generate(prompts, sampling=greedy).response_ids
-    vllm_engine.release_memory()
-    vllm_engine.reacquire_memory()
-    assert vllm_engine.generate(prompts, sampling=greedy).response_ids == before
+def _hf_log_probs(model: torch.nn.Module, prompts: list[list[int]], out: Any, n: int) -> list[list[float]]:
+    """Log-probs of each sampled token under a Hugging Face model: the reference the engine must match."""
+    result = []
+    with torch.no_grad():
+        for i, response in enumerate(out.response_ids):
+            prompt = prompts[i // n]
+            ids = torch.tensor([prompt + response])
+            log_probs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+            result.append([float(log_probs[len(prompt) - 1 + t, tok]) for t, tok in enumerate(response)])
+    return result
+
+
+def _max_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    assert [len(x) for x in a] == [len(y) for y in b]
+    return max(abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+def test_memory_release_cycle_keeps_the_synced_policy(vllm_engine: Any, model_dir: str,
+                                                      prompts: list[list[int]]) -> None:
+    """rollout.enable_sleep_mode: release/reacquire between rollouts never changes what the engine samples.
+
+    On a GPU vLLM sleeps (weights offloaded, KV cache dropped) and wakes up; on CPU, where vLLM has
+    no sleep mode, the engine started with the setting anyway, says it frees nothing, and the cycle
+    leaves it as it was. Either way the weights synced before the cycle are the ones served after it
+    (not the model directory's), and a sync after it takes effect.
+    """
+    from transformers import AutoModelForCausalLM
+
+    assert vllm_engine.config.enable_sleep_mode  # the session engine asks for it (conftest.py)
+    # Claiming to free memory that vLLM keeps would mislead whoever plans memory around it.
+    assert vllm_engine.supports_memory_release is (not vllm_engine.on_cpu)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # the engine's start
+    trained = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=g))
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=5)
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=8)
+    start_greedy = vllm_engine.generate(prompts, sampling=greedy).response_ids
+    try:
+        vllm_engine.load_weights(trained.state_dict().items())  # the policy as trained so far
+        before = vllm_engine.generate(prompts, sampling=sampled)
+        before_greedy = vllm_engine.generate(prompts, sampling=greedy).response_ids
+        assert before_greedy != start_greedy
+        assert _max_gap(before.log_probs, _hf_log_probs(trained, prompts, before, 2)) <= 1e-3  # the sync took
+
+        vllm_engine.release_memory()
+        vllm_engine.reacquire_memory()
+        after = vllm_engine.generate(prompts, sampling=sampled)
+        assert after.response_ids == before.response_ids and after.finish_reasons == before.finish_reasons
+        assert _max_gap(after.log_probs, before.log_probs) <= 1e-5
+        assert vllm_engine.generate(prompts, sampling=greedy).response_ids == before_greedy
+
+        vllm_engine.release_memory()
+        vllm_engine.reacquire_memory()
+        vllm_engine.load_weights(base.state_dict().items())  # the next step's sync, after waking up
+        synced = vllm_engine.generate(prompts, sampling=greedy)
+        assert synced.response_ids == start_greedy
+        assert _max_gap(synced.log_probs, _hf_log_probs(base, prompts, synced, 1)) <= 1e-3
+    finally:
+        vllm_engine.load_weights(base.state_dict().items())  # the other tests expect the starting weights
 
 
 def test_top_k_one_is_greedy(vllm_engine: Any, prompts: list[list[int]]) -> None:

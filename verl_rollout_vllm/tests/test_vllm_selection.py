@@ -61,11 +61,11 @@ def test_openai_settings_are_validated() -> None:
 
 
 def test_unreachable_server_fails_fast_with_the_fix() -> None:
-    from verl_core.tasks.arithmetic import build_tokenizer
+    from verl_core.testing import build_byte_tokenizer
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = OpenAIRolloutConfig(base_url=f"http://127.0.0.1:{port}", max_retries=0)
     with pytest.raises(ServerError, match="start one first"):
-        OpenAIRollout(config=config, model=ModelSpec(path=""), tokenizer=build_tokenizer())
+        OpenAIRollout(config=config, model=ModelSpec(path=""), tokenizer=build_byte_tokenizer())

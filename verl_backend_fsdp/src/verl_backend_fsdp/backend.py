@@ -598,7 +598,7 @@ class FSDPWorker(TrainingWorker):
         return float(norm)
 
     @contextlib.contextmanager
-    def gather_for_generation(self) -> Iterator[torch.nn.Module]:
+    def generation_module(self) -> Iterator[torch.nn.Module]:
         """Gather full parameters once for a whole generation call, then shard them again."""
         if not self.sharded:
             yield self.module
