@@ -152,7 +152,7 @@ def main() -> None:
         env = {**os.environ, "VERL_CACHE_DIR": args.cache or str(workdir / "cache"), "OMP_NUM_THREADS": "1"}
         overrides = ["run.threads=1", *args.overrides]
         with heavy_lock(args.lock):
-            build = subprocess.run([sys.executable, "-c", "from verl_core.tasks.arithmetic import "
+            build = subprocess.run([sys.executable, "-c", "from verl_task_arithmetic.addition import "
                                     "ensure_builtin_model; print(ensure_builtin_model())"], env=env, check=True,
                                    capture_output=True, text=True)
         warm = json.loads((Path(build.stdout.strip().splitlines()[-1]) / "warm_start.json").read_text())

@@ -77,7 +77,7 @@ def child(name: str, steps: int, warmup: int) -> None:
             generate = trainer.rollout.generate
 
             def timed_generate(*args: Any, **kwargs: Any) -> Any:
-                # generate enters the actor's gather_for_generation() (timed above as a near-zero
+                # generate enters the actor's generation_module() (timed above as a near-zero
                 # call that only builds the context manager), so nothing is counted twice.
                 t = time.perf_counter()
                 try:

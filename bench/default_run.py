@@ -25,7 +25,7 @@ def main() -> None:
         env = {**os.environ, "VERL_CACHE_DIR": str(Path(tmp) / "cache")}
         out = Path(tmp) / "run"
         start = time.perf_counter()
-        build = subprocess.run([sys.executable, "-c", "from verl_core.tasks.arithmetic import ensure_builtin_model;"
+        build = subprocess.run([sys.executable, "-c", "from verl_task_arithmetic.addition import ensure_builtin_model;"
                                 "print(ensure_builtin_model())"], env=env, check=True, capture_output=True, text=True)
         build_s = time.perf_counter() - start
         model_dir = Path(build.stdout.strip().splitlines()[-1])

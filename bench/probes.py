@@ -101,7 +101,7 @@ def _builtin_rollout_inputs() -> tuple[str, Any, list[list[int]]]:
     """The built-in model's directory, its tokenizer and the first 64 training prompts as token ids."""
     from transformers import AutoTokenizer
 
-    from verl_core.tasks.arithmetic import ensure_builtin_model, make_dataset
+    from verl_task_arithmetic.addition import ensure_builtin_model, make_dataset
 
     builtin = str(ensure_builtin_model())
     tok = AutoTokenizer.from_pretrained(builtin)

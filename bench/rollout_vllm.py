@@ -51,7 +51,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
-    from verl_core.tasks.arithmetic import make_dataset
+    from verl_task_arithmetic.addition import make_dataset
 
     train, _ = make_dataset()
     return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -160,7 +160,7 @@ def _large_workload(args: argparse.Namespace) -> None:
 
     from verl_core.interfaces import ModelSpec
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
-    from verl_core.tasks.arithmetic import ensure_builtin_model
+    from verl_task_arithmetic.addition import ensure_builtin_model
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_builtin_model()))
@@ -194,7 +194,7 @@ def main() -> None:
 
     from verl_core.interfaces import ModelSpec
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
-    from verl_core.tasks.arithmetic import ensure_builtin_model
+    from verl_task_arithmetic.addition import ensure_builtin_model
     from verl_core.testing import tiny_model_dir
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
