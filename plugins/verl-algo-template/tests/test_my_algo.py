@@ -35,3 +35,15 @@ def test_config_errors_name_the_key():
 
     with pytest.raises(ConfigError, match="algorithm.advantage_clip: must be > 0"):
         build_dataclass(MyAlgoConfig, {"advantage_clip": 0.0}, "algorithm")
+
+
+def test_skip_uniform_groups_asks_the_rollout_stage_for_dynamic_sampling():
+    from verl_algo_template.my_algo import keep_groups_with_spread
+
+    assert MyAlgo(MyAlgoConfig()).rollout_request().filter is None
+    request = MyAlgo(MyAlgoConfig(skip_uniform_groups=True, resample_rounds=3)).rollout_request()
+    assert request.filter is keep_groups_with_spread and request.max_extra_rounds == 3
+    # Groups of 2: [1, 1] and [0, 0] are uniform, [1, 0] is kept.
+    batch = make_batch(batch_size=6, group_size=2, scores=[1.0, 1.0, 1.0, 0.0, 0.0, 0.0], tool_tokens=False)
+    kept = keep_groups_with_spread(batch)
+    assert kept.group_ids.tolist() == [1, 1] and kept.scores.tolist() == [1.0, 0.0]
