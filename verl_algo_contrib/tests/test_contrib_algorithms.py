@@ -465,3 +465,20 @@ def test_write_addition_preferences(tmp_path):
     unary = [json.loads(x) for x in write_addition_preferences(tmp_path / "u.jsonl", rows=5, unary=True)
              .read_text().splitlines()]
     assert [u["label"] for u in unary] == [True, False] * 5
+
+
+def test_a_dpo_run_saved_before_core_v2_still_resolves_for_resume(tmp_path):
+    """Old runs wrote every PPO knob into config.toml, whatever the algorithm; DPO takes none now."""
+    from verl_core.config import ConfigError, apply_overrides, resolve_config
+    from verl_core.registry import PluginRegistry
+    from verl_core.trainer import _without_v1_algorithm_keys
+
+    registry = PluginRegistry()
+    saved = {"algorithm": {"name": "dpo", "beta": 0.2, "clip_ratio_low": 0.2, "kl_coef": 0.0,
+                           "loss_agg_mode": "token-mean", "use_rollout_log_probs": False}}
+    cfg = resolve_config(_without_v1_algorithm_keys(saved, registry), registry)
+    assert cfg.algorithm.config.beta == 0.2
+    # A knob that was set to something else meant something to the user: refused by name.
+    saved["algorithm"]["kl_coef"] = 0.1
+    with pytest.raises(ConfigError, match="algorithm.kl_coef: unknown key"):
+        resolve_config(apply_overrides(_without_v1_algorithm_keys(saved, registry), []), registry)

@@ -40,7 +40,7 @@ def write_dist(
     version: str = "1.0",
     *,
     entry_points: Mapping[str, Mapping[str, str]],
-    api: str | None = "v1",
+    api: str | None = "v2",
     requires: Sequence[str] = (),
 ) -> Path:
     """Write a minimal ``<name>-<version>.dist-info`` directory under ``root``.
@@ -339,7 +339,7 @@ def test_missing_api_declaration_is_refused_before_import(site: Path, module) ->
 
     info = reg.info("logger", "l")
     assert info.status == "incompatible"
-    assert '[project.entry-points."verl.plugin_api"] v1 = "<their_module>"' in info.message
+    assert '[project.entry-points."verl.plugin_api"] v2 = "<their_module>"' in info.message
     assert reg.names("logger") == []
     with pytest.raises(IncompatiblePluginError) as excinfo:
         reg.load("logger", "l")
@@ -349,7 +349,8 @@ def test_missing_api_declaration_is_refused_before_import(site: Path, module) ->
 
 @pytest.mark.parametrize(
     ("api", "advice"),
-    [("v2", "upgrade verl-core"), ("v0", "downgrade verl-core")],
+    # v1: written before Core v2's rollout stage; refused with the advice to upgrade the plugin.
+    [("v3", "upgrade verl-core"), ("v1", "upgrade verl-other-api to a release targeting v2")],
 )
 def test_unsupported_api_version_is_refused_before_import(
     site: Path, module, api: str, advice: str
@@ -361,7 +362,7 @@ def test_unsupported_api_version_is_refused_before_import(
     info = reg.info("executor", "e")
     assert info.status == "incompatible"
     assert f"targets plugin API {api}" in info.message
-    assert f"this verl-core (version {CORE_VERSION}) serves v1" in info.message
+    assert f"this verl-core (version {CORE_VERSION}) serves v2" in info.message
     assert advice in info.message
     with pytest.raises(IncompatiblePluginError, match=f"targets plugin API {api}"):
         reg.load("executor", "e")
@@ -373,7 +374,7 @@ def test_unsupported_api_version_is_refused_before_import(
 
 
 def test_supporting_several_api_versions_is_compatible(site: Path) -> None:
-    info = write_dist(site, "verl-multi", entry_points={"verl.hooks": {"h": "m:h"}}, api="v1")
+    info = write_dist(site, "verl-multi", entry_points={"verl.hooks": {"h": "m:h"}}, api="v2")
     with (info / "entry_points.txt").open("a") as f:
         f.write("[verl.plugin_api]\nv2 = unused\n")
     reg = make_registry(site)
@@ -472,6 +473,9 @@ def test_unknown_algorithm_points_at_the_contrib_package_only_when_it_is_missing
         make_registry(site).load("algorithm", "dapo")
     assert excinfo.value.install_hint == "pip install verl-algo-contrib"
     assert "More algorithm plugins come with verl-algo-contrib" in str(excinfo.value)
+    with pytest.raises(UnknownPluginError) as excinfo:  # close to a core name, still a contrib one
+        make_registry(site).load("algorithm", "gspo")
+    assert "Did you mean 'grpo'?" in str(excinfo.value) and "pip install verl-algo-contrib" in str(excinfo.value)
 
     write_dist(site, "verl-algo-contrib", entry_points={"verl.algorithms": {"rloo": "c:RLOO"}})
     with pytest.raises(UnknownPluginError) as excinfo:
@@ -487,6 +491,6 @@ def test_errors_share_a_base_class_and_are_exported() -> None:
         assert issubclass(cls, PluginError)
         assert cls.__name__ in registry_module.__all__
     assert "PluginRegistry" in registry_module.__all__
-    assert registry_module.PLUGIN_API_VERSION == 1
-    assert registry_module.SUPPORTED_PLUGIN_API_VERSIONS == frozenset({1})
+    assert registry_module.PLUGIN_API_VERSION == 2
+    assert registry_module.SUPPORTED_PLUGIN_API_VERSIONS == frozenset({2})
     assert registry_module.provider_of("rollout", "openai") == "verl-rollout-vllm"

@@ -122,15 +122,33 @@ def test_warn_mode_and_limit_zero_go_on(caplog):
     _old_log_probs_flow().run(_gap_context(5.0, limit=0.0))  # 0 turns the guard off
 
 
-def test_a_nan_gap_is_never_within_the_limit():
-    from verl_core.rollout_utils import WeightSyncError
-
-    with pytest.raises(WeightSyncError):
+def test_a_nan_gap_is_divergence_not_a_sync_error():
+    with pytest.raises(FloatingPointError, match="diverged"):
         _old_log_probs_flow().run(_gap_context(float("nan")))
 
 
-def test_the_rollout_stage_checks_a_few_samples_when_nothing_recomputes_old_log_probs(monkeypatch):
-    """GPG and use_rollout_log_probs never recompute old log-probs; the stage checks a slice itself."""
+def test_engines_that_cannot_be_out_of_sync_record_the_gap_and_never_stop():
+    shared = _gap_context(0.5, shares=True)  # the HF rollout on the actor's own module
+    _old_log_probs_flow().run(shared)
+    assert shared.metrics["rollout/log_prob_diff_mean"] == pytest.approx(0.5)
+    fixed = _gap_context(0.5)  # an OpenAI server with weight_sync="ignore": fixed weights on purpose
+    fixed.rollout.follows_actor_weights = False
+    _old_log_probs_flow().run(fixed)
+    assert fixed.metrics["rollout/log_prob_diff_mean"] == pytest.approx(0.5)
+
+
+def test_guard_limit_follows_the_least_precise_compute_dtype():
+    from verl_core.rollout_utils import DEFAULT_LOG_PROB_GAP, guard_limit
+
+    assert guard_limit(None, ["float32", "float32"]) == DEFAULT_LOG_PROB_GAP["float32"]
+    # fp32 master weights with bf16 mixed precision (or a bf16 engine) get the 16-bit limit.
+    assert guard_limit(None, ["float32", "bfloat16"]) == DEFAULT_LOG_PROB_GAP["bfloat16"]
+    assert guard_limit(0.0, ["bfloat16"]) == 0.0 and guard_limit(0.2, ["float32"]) == 0.2
+
+
+def test_the_rollout_stage_checks_a_few_samples_for_every_algorithm(monkeypatch):
+    """GPG and use_rollout_log_probs never recompute old log-probs and SPIN rebuilds the batch; the
+    stage checks a slice of what the engine generated itself."""
     from verl_core import rollout_stage
     from verl_core.interfaces import RolloutRequest
     from verl_core.rollout_utils import WeightSyncError
@@ -139,11 +157,11 @@ def test_the_rollout_stage_checks_a_few_samples_when_nothing_recomputes_old_log_
     given = ctx.batch
     monkeypatch.setattr(rollout_stage, "_generate_scored", lambda ctx, request: given)  # as generated
     with pytest.raises(WeightSyncError):
-        rollout_stage.run(ctx, RolloutRequest(), check_engine=True)
+        rollout_stage.run(ctx, RolloutRequest())
     assert ctx.actor.calls == [rollout_stage.ENGINE_CHECK_SAMPLES]
     # An engine on the actor's own weights needs no check (and gets no extra forward pass).
     shared = _gap_context(0.5, shares=True)
-    rollout_stage.run(shared, RolloutRequest(), check_engine=True)
+    rollout_stage.run(shared, RolloutRequest())
     assert shared.actor.calls == []
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as torch_f
 
-from verl_core.algorithms.functional import agg_loss, masked_mean, masked_whiten, policy_regularizers
+from verl_core.algorithms.functional import agg_loss, masked_mean, masked_whiten, policy_regularizers, sequence_rewards
 from verl_core.batch import Batch
 
 __all__ = [
@@ -50,14 +50,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- baselines and advantages
-def sequence_rewards(batch: Batch) -> torch.Tensor:
-    """Each sample's total reward ``[B]``: its token rewards summed (the score plus any KL penalty
-    folded into the rewards), or the plain scores when there are no token rewards."""
-    if batch.token_rewards is None:
-        return batch.scores.float()
-    return (batch.token_rewards * batch.response_mask).sum(-1).float()
-
-
 def group_mean(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample mean of ``values`` over its group, and the group's size (both ``[B]``)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)

@@ -74,6 +74,7 @@ class GPG(PolicyGradient):
 
     def build_dataflow(self, df: Any) -> None:
         df.rollout(self.rollout_request())
+        self.shape_rewards(df)
         if self.requirements().reference:
             df.reference_log_probs()
         df.compute_advantages(self, reads=("token_rewards",))

@@ -126,6 +126,10 @@ class FSDPConfig(BackendConfig):
     release_host_memory: bool = False
     remove_padding: str = "auto"
 
+    def compute_dtype(self, model_dtype: str) -> str:
+        """Forward passes run in ``param_dtype`` when mixed precision casts to it."""
+        return self.param_dtype if self.param_dtype != "float32" else model_dtype
+
     def validate(self) -> None:
         super().validate()
         for key in ("param_dtype", "reduce_dtype"):

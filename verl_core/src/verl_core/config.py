@@ -22,6 +22,7 @@ import json
 import sys
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -224,11 +225,30 @@ CORE_SECTIONS: dict[str, ConfigSection] = {
 }
 
 
-def config_sections(registry: Any) -> dict[str, ConfigSection]:
-    """The core's sections followed by those installed plugins register, by name."""
+#: Attribute names of :class:`Config` that no section may take.
+_RESERVED_SECTIONS = frozenset({"sections", "section_spec"})
+
+
+def config_sections(registry: Any, used: Sequence[str] = ()) -> dict[str, ConfigSection]:
+    """The core's sections followed by those installed plugins register, by name.
+
+    A section plugin that cannot be loaded (broken, incompatible, provided twice) only hurts runs
+    that use it (``used``: the sections the raw config sets): they fail with the registry's error,
+    every other run goes on with a warning.
+    """
+    from verl_core.registry import PluginError
+
     sections = dict(CORE_SECTIONS)
-    for name in registry.names("config_section"):
-        section = registry.load("config_section", name)
+    for name in dict.fromkeys(info.name for info in registry.list("config_section")):
+        if name in _RESERVED_SECTIONS:
+            raise ConfigError(name, f"a plugin registers the section {name!r}, a name the Config class uses itself")
+        try:
+            section = registry.load("config_section", name)
+        except PluginError as exc:
+            if name in used:
+                raise
+            warnings.warn(f"config section {name!r} is left out: {exc}", stacklevel=2)
+            continue
         if not isinstance(section, ConfigSection):
             raise ConfigError(name, f"the verl.config_sections entry point {name!r} is a {type(section).__name__}, "
                                     f"not a verl_core.config.ConfigSection")
@@ -256,6 +276,12 @@ class Config:
     def __init__(self, sections: Mapping[str, Any], specs: Mapping[str, ConfigSection] | None = None) -> None:
         self._sections = dict(sections)
         self._specs = dict(CORE_SECTIONS if specs is None else specs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self._sections == other._sections
+
+    def __repr__(self) -> str:
+        return f"Config({self._sections!r})"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -329,7 +355,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any) -> Config:
     Selecting a plugin here imports its module (its Config class); plugin modules keep heavy
     engine imports out of module scope, so this stays cheap and happens before any model loads.
     """
-    sections = config_sections(registry)
+    sections = config_sections(registry, used=list(raw))
     known = list(sections)
     raw = _with_model_preset(raw, registry)
     for section, value in raw.items():
@@ -379,7 +405,11 @@ def _with_model_preset(raw: Mapping[str, Any], registry: Any) -> dict[str, Any]:
 def build_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:
     """Instantiate dataclass ``cls`` from ``values`` with type checks; then call ``validate()``."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError as exc:  # an annotation names a type only imported for type checkers
+        raise ConfigError(path, f"{cls.__qualname__}'s field types cannot be resolved ({exc}); annotate config "
+                                f"fields with types importable at run time") from None
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in fields:

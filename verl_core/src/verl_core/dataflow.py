@@ -236,21 +236,15 @@ class DataflowBuilder:
         """The run's rollout stage: the step's scored batch (see :func:`verl_core.rollout_stage.run`).
 
         Writes the batch, ``scores`` and ``token_rewards`` (and ``extras.baseline_scores`` when the
-        request asks for a greedy baseline). When no later node recomputes the old log-probs, the
-        stage checks the engine against the trainer on a few samples itself.
+        request asks for a greedy baseline). The stage also checks an engine with its own weights
+        against the trainer on a few samples (the weight-sync guard).
         """
         from verl_core import rollout_stage
 
         writes = [BATCH, "scores", "token_rewards"]
         if request.greedy_baseline:
             writes.append(EXTRAS_PREFIX + rollout_stage.BASELINE)
-        builder = self
-
-        def fn(ctx: StepContext) -> Batch:
-            recomputed = any(n.name == "old_log_probs" and n.role == "actor" for n in builder._nodes)
-            return rollout_stage.run(ctx, request, check_engine=not recomputed)
-
-        return self.node("rollout", fn, writes=writes, role="rollout")
+        return self.node("rollout", lambda ctx: rollout_stage.run(ctx, request), writes=writes, role="rollout")
 
     def batch_from_data(self, build: Callable[[StepContext], Batch], *, name: str = "batch_from_data") -> str:
         """Build the step's batch from its prompt rows instead of generating (offline data).

@@ -46,6 +46,8 @@ __all__ = [
     "RewardError",
     "RewardScorer",
     "Environment",
+    "ModelProvider",
+    "DatasetProvider",
     "StepResult",
     "Executor",
     "ExecutorConfig",
@@ -197,6 +199,10 @@ class BackendConfig:
     log_prob_micro_batch_size: int = 256
     logits_chunk_size: int = 1024
 
+    def compute_dtype(self, model_dtype: str) -> str:
+        """The dtype forward passes run in (``model.dtype`` unless the backend casts, e.g. mixed precision)."""
+        return model_dtype
+
     def validate(self) -> None:
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError("lr_schedule: must be 'constant' or 'cosine'")
@@ -345,7 +351,8 @@ class RolloutConfig:
         max_log_prob_gap: the weight-sync guard: when the engine's log-probs of the sampled tokens
             differ from the trainer's by more than this (mean absolute difference per token), the
             engine is not running the actor's weights and the step stops before training on them.
-            0 turns the guard off; unset, it follows ``model.dtype``: 1e-3 for float32 (measured on
+            0 turns the guard off; unset, it follows the least precise dtype the backend or the engine
+            computes in (``compute_dtype``): 1e-3 for float32 (measured on
             the built-in task: about 3e-7 with a good vLLM sync, 0.02 with one tensor scaled by 1.1,
             3 with one zeroed, 0.06 one step after the syncs stop: bench/results/weight_sync_guard.md),
             0.1 for 16-bit weights, whose kernels differ by more between engines.
@@ -374,6 +381,10 @@ class RolloutConfig:
             raise ValueError("max_new_tokens: must be at least 1")
         if self.max_log_prob_gap is not None and self.max_log_prob_gap < 0:
             raise ValueError("max_log_prob_gap: must be >= 0 (0 turns the weight-sync guard off)")
+
+    def compute_dtype(self, model_dtype: str) -> str:
+        """The dtype the engine computes log-probs in (``model.dtype`` unless the engine casts)."""
+        return model_dtype
 
     def sampling(self, *, seed: int | None = None, validation: bool = False) -> SamplingParams:
         if validation:
@@ -414,6 +425,8 @@ class RolloutEngine(abc.ABC):
         shares_actor_weights: True when the engine runs on the actor's own parameters in the same
             process, so a weight sync is a no-op.
         supports_memory_release: True when :meth:`release_memory` really frees memory.
+        follows_actor_weights: False for an engine that serves fixed weights on purpose; the
+            weight-sync guard then records the log-prob gap but never stops the run.
         accepts_lora_adapters: True when :meth:`load_lora_adapter` works (the engine serves the
             base weights plus an adapter, so a sync sends only the adapter).
     """
@@ -421,6 +434,7 @@ class RolloutEngine(abc.ABC):
     Config: ClassVar[type[RolloutConfig]] = RolloutConfig
     shares_actor_weights: ClassVar[bool] = False
     supports_memory_release: ClassVar[bool] = False
+    follows_actor_weights: ClassVar[bool] = True
 
     def __init__(self, *, config: RolloutConfig, model: ModelSpec, tokenizer: Any,
                  actor: TrainingWorker | None = None, world: WorldInfo = WorldInfo()) -> None:
@@ -790,6 +804,3 @@ class DatasetProvider(abc.ABC):
     @abc.abstractmethod
     def rows(self, *, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` in the verl row format; ``ValueError`` for a split it lacks."""
-
-
-__all__ += ["ModelProvider", "DatasetProvider"]

@@ -18,9 +18,9 @@ A distribution that provides plugins declares the plugin-API version it targets 
 ``pyproject.toml``::
 
     [project.entry-points."verl.plugin_api"]
-    v1 = "my_package"
+    v2 = "my_package"
 
-The entry point's *name* (``v1``) is the declaration; its value is ignored. A distribution without a
+The entry point's *name* (``v2``) is the declaration; its value is ignored. A distribution without a
 declaration, targeting a version this verl-core does not serve, or whose ``Requires-Dist`` on
 ``verl-core`` excludes the installed verl-core, is reported as ``incompatible`` and is never imported.
 
@@ -69,11 +69,15 @@ KINDS: dict[str, str] = {
 #: Entry-point group in which a distribution declares the plugin API it targets.
 PLUGIN_API_GROUP = "verl.plugin_api"
 
-#: The plugin-API version this verl-core implements.
-PLUGIN_API_VERSION = 1
+#: The plugin-API version this verl-core implements. v2 (Core v2): the rollout stage replaced the
+#: algorithms' generation nodes (``RolloutRequest`` instead of ``filter_batch``), the trainer syncs
+#: weights, ``Algorithm.build_dataflow``/``policy_loss`` are abstract, PPO knobs live in
+#: ``PPOFamilyConfig``, and the reward manager is a ``verl.scorers`` plugin. A v1 plugin would load
+#: and then misbehave (a v1 ``filter_batch`` is never called), so v1 is refused before import.
+PLUGIN_API_VERSION = 2
 
 #: Plugin-API versions this verl-core can load plugins for.
-SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({1})
+SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({2})
 
 #: Distributions the verl project ships apart from verl-core, and what they provide, for install
 #: hints only (nothing here is ever loaded). A tuple names the plugins a distribution provides; ``"*"``
@@ -469,15 +473,18 @@ class PluginRegistry:
         if provider:
             install_hint = f"pip install {provider}"
             parts.append(f"{name!r} is provided by a separate package: {install_hint}")
-        elif suggestions:
-            best = suggestions[0]
-            hint = f"Did you mean {best!r}?"
-            if best not in installed and provider_of(kind, best):
-                hint += f" (pip install {provider_of(kind, best)})"
-            parts.append(hint)
-        elif home and canonicalize_name(home) not in dists:
-            install_hint = f"pip install {home}"
-            parts.append(f"More {kind} plugins come with {home}, which is not installed: {install_hint}")
+        else:
+            if suggestions:
+                best = suggestions[0]
+                hint = f"Did you mean {best!r}?"
+                if best not in installed and provider_of(kind, best):
+                    hint += f" (pip install {provider_of(kind, best)})"
+                parts.append(hint)
+            # Also after a suggestion: `gspo` looks like `grpo`, but lives in the contrib package.
+            if home and canonicalize_name(home) not in dists:
+                command = f"pip install {home}"
+                install_hint = None if suggestions else command  # a likely typo is not an install problem
+                parts.append(f"More {kind} plugins come with {home}, which is not installed: {command}")
         return UnknownPluginError(" ".join(parts), kind=kind, name=name, installed=installed,
                                   suggestions=suggestions, install_hint=install_hint)
 

@@ -38,29 +38,28 @@ __all__ = ["run", "BASELINE", "ENGINE_CHECK_SAMPLES"]
 
 #: ``batch.extras`` key of the greedy baseline's scores.
 BASELINE = "baseline_scores"
-#: Samples the stage checks the engine's log-probs on when no node recomputes them for the whole batch.
+#: Samples the stage checks the engine's log-probs on, whatever the algorithm does with the batch later.
 ENGINE_CHECK_SAMPLES = 4
 
 
-def run(ctx: "StepContext", request: RolloutRequest, *, check_engine: bool = False) -> Batch:
+def run(ctx: "StepContext", request: RolloutRequest) -> Batch:
     """The step's scored batch (generate, score, filter and resample, greedy baseline).
 
-    ``check_engine``: compare the engine's log-probs with the trainer's on a few samples (one small
-    forward pass), for dataflows that never recompute old log-probs; a no-op for engines that run
-    on the actor's own weights.
+    An engine with its own copy of the weights is checked against the trainer on a few samples
+    (one small forward pass), so the weight-sync guard holds for every algorithm: those that never
+    recompute old log-probs (GPG, ``use_rollout_log_probs``) and those that rebuild the batch (SPIN).
     """
     if request.max_extra_rounds < 0:
         raise ValueError(f"RolloutRequest.max_extra_rounds must be >= 0, got {request.max_extra_rounds}")
     batch = _generate_scored(ctx, request)
     if request.greedy_baseline:
         batch = batch.replace(extras={**batch.extras, BASELINE: _greedy_baseline(ctx, batch)})
-    if (check_engine and ctx.actor is not None and batch.rollout_log_probs is not None
-            and not ctx.rollout.shares_actor_weights):
+    if ctx.actor is not None and batch.rollout_log_probs is not None and not ctx.rollout.shares_actor_weights:
         part = batch.select(list(range(min(ENGINE_CHECK_SAMPLES, len(batch)))))
         check_log_prob_gap(ctx, ctx.actor.compute_log_probs(part).log_probs, part)
     if ctx.rollout.supports_memory_release:
-        # Free the engine's weights and KV cache while the step trains; the trainer wakes it
-        # for the closing weight sync (vLLM's sleep mode on GPU).
+        # Free the engine's weights and KV cache while the step trains; the trainer wakes it for
+        # the closing weight sync, or when the step fails (vLLM's sleep mode on GPU).
         ctx.rollout.release_memory()
         ctx.engine_released = True
     return batch

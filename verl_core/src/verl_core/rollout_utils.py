@@ -4,6 +4,7 @@ the engine's weights in step with the actor's (the sync, and the check that it a
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from typing import Any, Sequence
 
@@ -12,15 +13,23 @@ import torch
 from verl_core.batch import Batch
 from verl_core.interfaces import RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
 
-__all__ = ["DEFAULT_LOG_PROB_GAP", "generate_batch", "build_batch", "left_pad", "right_pad", "sync_rollout_weights", "check_weight_sync",
-           "check_log_prob_gap", "WeightSyncError"]
+__all__ = ["DEFAULT_LOG_PROB_GAP", "generate_batch", "build_batch", "left_pad", "right_pad", "sync_rollout_weights",
+           "check_weight_sync", "check_log_prob_gap", "guard_limit", "WeightSyncError"]
 
 logger = logging.getLogger("verl.rollout")
 
 
-#: ``rollout.max_log_prob_gap`` when unset, by ``model.dtype``: far above the measured fp32 floor
-#: (3e-7) and below a 10% error in one tensor (2e-2); 16-bit kernels differ more between engines.
+#: ``rollout.max_log_prob_gap`` when unset, by the lowest precision the trainer or the engine computes
+#: in: far above the measured fp32 floor (3e-7) and below a 10% error in one tensor (2.5e-2). The
+#: 16-bit value is not measured (no GPU here): 16-bit kernels differ more between engines.
 DEFAULT_LOG_PROB_GAP = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+
+
+def guard_limit(configured: float | None, compute_dtypes: Sequence[str]) -> float:
+    """The weight-sync guard's limit: the configured one, else the default of the least precise dtype."""
+    if configured is not None:
+        return configured
+    return max(DEFAULT_LOG_PROB_GAP.get(d, max(DEFAULT_LOG_PROB_GAP.values())) for d in compute_dtypes)
 
 
 class WeightSyncError(RuntimeError):
@@ -140,8 +149,13 @@ def check_log_prob_gap(ctx: Any, trainer_log_probs: torch.Tensor, batch: Batch) 
     mean, worst = float(masked_mean(gap, mask)), float(gap.max()) if gap.numel() else 0.0
     ctx.metrics["rollout/log_prob_diff_mean"] = mean
     ctx.metrics["rollout/log_prob_diff_max"] = worst
+    if not math.isfinite(mean):
+        raise FloatingPointError("the trainer's log-probs of the sampled tokens are NaN/inf, so the policy's "
+                                 "weights have diverged (lower backend.lr, or check the rewards for NaN)")
     limit = ctx.max_log_prob_gap
-    if not limit or mean <= limit:  # a NaN gap is never within the limit
+    # An engine on the actor's own module cannot be out of sync, and one serving fixed weights on
+    # purpose (an OpenAI server with weight_sync="ignore") is expected to drift: record, never stop.
+    if not limit or mean <= limit or ctx.rollout.shares_actor_weights or not ctx.rollout.follows_actor_weights:
         return
     engine = ctx.rollout_name or type(ctx.rollout).__name__
     since = "its start" if ctx.step <= 1 else f"the weight sync after step {ctx.step - 1}"

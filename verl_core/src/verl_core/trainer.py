@@ -33,7 +33,7 @@ from verl_core.data import PromptSampler, build_datasets
 from verl_core.hooks import build_plugin_manager
 from verl_core.interfaces import ModelSpec, RewardScorer, Role
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
-from verl_core.rollout_utils import DEFAULT_LOG_PROB_GAP, check_weight_sync, sync_rollout_weights
+from verl_core.rollout_utils import check_weight_sync, guard_limit, sync_rollout_weights
 
 __all__ = ["Trainer", "resolve_model_path"]
 
@@ -47,6 +47,32 @@ def resolve_model_path(path: str, registry: PluginRegistry | None = None) -> str
     if path.startswith(BUILTIN_PREFIX):
         return str(load_builtin(registry or PluginRegistry(), "model", path, key="model.path").model_dir())
     return path
+
+
+#: What every algorithm's config held before Core v2 moved the PPO knobs into PPOFamilyConfig, with
+#: the old defaults: a run saved then wrote them all, whatever its algorithm.
+_V1_ALGORITHM_DEFAULTS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 0.0, "kl_coef": 0.0,
+                          "kl_estimator": "low_var_kl", "kl_in_reward": False, "entropy_coef": 0.0,
+                          "loss_agg_mode": "token-mean", "use_rollout_log_probs": False, "rollout_is_cap": 0.0}
+
+
+def _without_v1_algorithm_keys(raw: dict[str, Any], registry: PluginRegistry) -> dict[str, Any]:
+    """A saved config.toml of a run from before Core v2, for an algorithm that no longer takes the PPO knobs.
+
+    Keys at their old defaults meant nothing to such an algorithm (DPO, SPIN, ...) and are dropped;
+    a key set to anything else is left for the config check to refuse by name.
+    """
+    section = raw.get("algorithm")
+    if not isinstance(section, dict):
+        return raw
+    config_cls = getattr(registry.load("algorithm", section.get("name", "grpo")), "Config", None)
+    accepted = {f.name for f in dataclasses.fields(config_cls)} if config_cls else set()
+    stale = [k for k, v in _V1_ALGORITHM_DEFAULTS.items() if k in section and k not in accepted and section[k] == v]
+    if stale:
+        logging.getLogger(__name__).warning("the saved config predates Core v2; dropping algorithm keys its algorithm "
+                                            "no longer has (at their old defaults): %s", ", ".join(stale))
+        raw = {**raw, "algorithm": {k: v for k, v in section.items() if k not in stale}}
+    return raw
 
 
 def _create_reward_model_worker(backend: Any, model: ModelSpec, seed: int, world: Any) -> Any:
@@ -98,7 +124,9 @@ class Trainer:
             raise CheckpointError(f"{run_dir} has no config.toml next to its checkpoints")
         overrides = [f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}",
                      *overrides]
-        return cls.from_config(config_file, overrides, registry=registry, **kwargs)
+        registry = registry or PluginRegistry()
+        raw = apply_overrides(_without_v1_algorithm_keys(load_raw_config(config_file), registry), overrides)
+        return cls(resolve_config(raw, registry), registry=registry, **kwargs)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -127,8 +155,10 @@ class Trainer:
             logging.getLogger(__name__).warning(
                 "the tokenizer at %r has no pad token; padding with its eos token %r (padded positions are masked "
                 "out, so this changes nothing learned)", tok_path, self.tokenizer.eos_token)
-        gap = cfg.rollout.config.max_log_prob_gap
-        self.max_log_prob_gap = DEFAULT_LOG_PROB_GAP[cfg.model.dtype] if gap is None else gap
+        # Mixed precision or a 16-bit engine on float32 weights differ like 16-bit weights do.
+        self.max_log_prob_gap = guard_limit(cfg.rollout.config.max_log_prob_gap, [
+            cfg.model.dtype, cfg.backend.config.compute_dtype(cfg.model.dtype),
+            cfg.rollout.config.compute_dtype(cfg.model.dtype)])
         self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
 
@@ -142,7 +172,7 @@ class Trainer:
 
         self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
         backend_config = cfg.backend.config
-        if not getattr(backend_config, "total_training_steps", 1):
+        if not backend_config.total_training_steps:
             # The length of a cosine schedule; a copy, so the saved config still says "follow max_steps".
             backend_config = dataclasses.replace(backend_config, total_training_steps=cfg.run.max_steps)
         backend = self.registry.load("backend", cfg.backend.name)(backend_config)
@@ -282,11 +312,13 @@ class Trainer:
                           reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts,
                           max_log_prob_gap=self.max_log_prob_gap, log_prob_gap_action=rc.log_prob_gap_action,
                           rollout_name=self.config.rollout.name)
-        self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
+        try:
+            self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
+        finally:
+            if ctx.engine_released:  # asleep since the rollout stage: awake for the sync, or after a failure
+                self.rollout.reacquire_memory()
         # The step's last act, whatever the algorithm: the engine samples the next step from the new policy.
         synced = time.perf_counter()
-        if ctx.engine_released:
-            self.rollout.reacquire_memory()
         sync_rollout_weights(self.rollout, self.actor)
         ctx.metrics["timing/sync_weights"] = time.perf_counter() - synced
         elapsed = time.perf_counter() - start

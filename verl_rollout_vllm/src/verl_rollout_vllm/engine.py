@@ -41,6 +41,7 @@ from verl_core.interfaces import (
     SamplingParams,
     WorldInfo,
 )
+from verl_core.rollout_utils import WeightSyncError as _CoreWeightSyncError
 
 from verl_rollout_vllm._install import INSTALL_HINT, explain_start_failure, import_vllm, vllm_available
 
@@ -59,7 +60,7 @@ class VLLMMemoryError(ConfigError, VLLMStartError):
     """The engine could not get the memory its settings ask for: a user error naming the key to change."""
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(_CoreWeightSyncError):
     """Loading new weights into the engine failed; the engine cannot be used any more."""
 
 
@@ -107,6 +108,9 @@ class VLLMRolloutConfig(RolloutConfig):
     max_lora_rank: int = 0
     log_level: str = "ERROR"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def compute_dtype(self, model_dtype: str) -> str:
+        return self.dtype or model_dtype
 
     def validate(self) -> None:
         super().validate()

@@ -126,6 +126,8 @@ class OpenAIRollout(RolloutEngine):
     def __init__(self, *, config: OpenAIRolloutConfig, model: ModelSpec, tokenizer: Any, actor: Any = None,
                  world: WorldInfo = WorldInfo()) -> None:
         super().__init__(config=config, model=model, tokenizer=tokenizer, actor=actor, world=world)
+        # weight_sync="ignore" serves the server's fixed weights on purpose: the guard only records the gap.
+        self.follows_actor_weights = config.weight_sync != "ignore"
         import httpx
 
         self._root = config.base_url.rstrip("/").removesuffix("/v1")

@@ -11,19 +11,18 @@ so an algorithm of this family is its config, its ``compute_advantages`` and, wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
 from verl_core.algorithms import functional as F
+from verl_core.algorithms.functional import KLEstimator, LossAggMode
 from verl_core.batch import Batch
 from verl_core.dataflow import DataflowBuilder
 from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements, RolloutRequest
 
 __all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode"]
 
-KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 @dataclass

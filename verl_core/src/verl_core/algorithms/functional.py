@@ -7,7 +7,7 @@ explicitly: tokens with mask 0 (padding, tool outputs) never contribute.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -33,8 +33,10 @@ __all__ = [
     "clipped_value_loss",
 ]
 
-KL_ESTIMATORS = frozenset({"k1", "k2", "k3", "low_var_kl"})
-LOSS_AGG_MODES = frozenset({"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"})
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KL_ESTIMATORS = frozenset(get_args(KLEstimator))
+LOSS_AGG_MODES = frozenset(get_args(LossAggMode))
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -116,11 +118,17 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
 
 
 def sequence_rewards(batch: Batch) -> torch.Tensor:
-    """Each sample's total reward ``[B]``: its token rewards summed (the score plus any KL penalty
-    folded into the rewards), or the plain scores when there are no token rewards."""
+    """Each sample's total reward ``[B]``: its score plus whatever nodes added to its token rewards
+    beyond the score (a KL penalty folded into the rewards).
+
+    Exactly ``scores`` when the token rewards are the score on the last token, also for a response
+    with no trainable token (whose token rewards are all masked).
+    """
+    scores = batch.scores.float()
     if batch.token_rewards is None:
-        return batch.scores.float()
-    return (batch.token_rewards * batch.response_mask).sum(-1).float()
+        return scores
+    extra = (batch.token_rewards.float() - scores_to_token_rewards(scores, batch.response_mask)) * batch.response_mask
+    return scores + extra.sum(-1)
 
 
 def group_normalized_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
