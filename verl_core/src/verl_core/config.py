@@ -230,12 +230,8 @@ _RESERVED_SECTIONS = frozenset({"sections", "section_spec"})
 
 
 def config_sections(registry: Any, used: Sequence[str] = ()) -> dict[str, ConfigSection]:
-    """The core's sections followed by those installed plugins register, by name.
-
-    A section plugin that cannot be loaded (broken, incompatible, provided twice) only hurts runs
-    that use it (``used``: the sections the raw config sets): they fail with the registry's error,
-    every other run goes on with a warning.
-    """
+    """The core's sections followed by those installed plugins register, by name. A section plugin that
+    cannot be loaded fails only runs that set it (``used``); the others go on with a warning."""
     from verl_core.registry import PluginError
 
     sections = dict(CORE_SECTIONS)

@@ -1,7 +1,7 @@
 """The RL step as a dataflow graph (the HybridFlow idea).
 
-An algorithm declares its step as nodes - generate, reward, log-probs, values, advantages,
-updates, weight sync - each saying which :class:`~verl_core.batch.Batch` fields it reads and
+An algorithm declares its step as nodes - the rollout stage, log-probs, values, advantages,
+updates - each saying which :class:`~verl_core.batch.Batch` fields it reads and
 writes. The controller derives the order from those data dependencies and runs nodes that do
 not depend on each other together (the executor decides whether "together" means concurrently).
 

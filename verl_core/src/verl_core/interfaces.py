@@ -348,14 +348,11 @@ class RolloutConfig:
         max_new_tokens: most tokens in a response.
         val_temperature: temperature for validation (0 means greedy).
         val_n: samples per prompt in validation.
-        max_log_prob_gap: the weight-sync guard: when the engine's log-probs of the sampled tokens
-            differ from the trainer's by more than this (mean absolute difference per token), the
-            engine is not running the actor's weights and the step stops before training on them.
-            0 turns the guard off; unset, it follows the least precise dtype the backend or the engine
-            computes in (``compute_dtype``): 1e-3 for float32 (measured on
-            the built-in task: about 3e-7 with a good vLLM sync, 0.02 with one tensor scaled by 1.1,
-            3 with one zeroed, 0.06 one step after the syncs stop: bench/results/weight_sync_guard.md),
-            0.1 for 16-bit weights, whose kernels differ by more between engines.
+        max_log_prob_gap: the weight-sync guard: over this mean absolute difference per token between
+            the engine's and the trainer's log-probs of the sampled tokens, the step stops before
+            training on them (0: off). Unset, it follows the least precise ``compute_dtype`` of the
+            backend and the engine: 1e-3 for float32 (built-in task: 3e-7 with a good vLLM sync, 0.025
+            with one tensor off by 10%: bench/results/weight_sync_guard.md), 0.1 for 16-bit.
         log_prob_gap_action: ``"error"`` stops the run naming the step, the gap and the engine;
             ``"warn"`` logs the same and goes on.
     """

@@ -69,11 +69,8 @@ KINDS: dict[str, str] = {
 #: Entry-point group in which a distribution declares the plugin API it targets.
 PLUGIN_API_GROUP = "verl.plugin_api"
 
-#: The plugin-API version this verl-core implements. v2 (Core v2): the rollout stage replaced the
-#: algorithms' generation nodes (``RolloutRequest`` instead of ``filter_batch``), the trainer syncs
-#: weights, ``Algorithm.build_dataflow``/``policy_loss`` are abstract, PPO knobs live in
-#: ``PPOFamilyConfig``, and the reward manager is a ``verl.scorers`` plugin. A v1 plugin would load
-#: and then misbehave (a v1 ``filter_batch`` is never called), so v1 is refused before import.
+#: The plugin-API version this verl-core implements. v2: the rollout stage took generation out of the
+#: algorithms; a v1 plugin would load and misbehave (its ``filter_batch`` is never called).
 PLUGIN_API_VERSION = 2
 
 #: Plugin-API versions this verl-core can load plugins for.

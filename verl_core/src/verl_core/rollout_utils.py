@@ -19,9 +19,8 @@ __all__ = ["DEFAULT_LOG_PROB_GAP", "generate_batch", "build_batch", "left_pad", 
 logger = logging.getLogger("verl.rollout")
 
 
-#: ``rollout.max_log_prob_gap`` when unset, by the lowest precision the trainer or the engine computes
-#: in: far above the measured fp32 floor (3e-7) and below a 10% error in one tensor (2.5e-2). The
-#: 16-bit value is not measured (no GPU here): 16-bit kernels differ more between engines.
+#: ``rollout.max_log_prob_gap`` when unset, by compute dtype: far above the fp32 floor (3e-7), below a
+#: 10% error in one tensor (2.5e-2); the 16-bit value is not measured here (no GPU).
 DEFAULT_LOG_PROB_GAP = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
 
 

@@ -49,19 +49,15 @@ def resolve_model_path(path: str, registry: PluginRegistry | None = None) -> str
     return path
 
 
-#: What every algorithm's config held before Core v2 moved the PPO knobs into PPOFamilyConfig, with
-#: the old defaults: a run saved then wrote them all, whatever its algorithm.
+#: Every algorithm's config before Core v2 (now PPOFamilyConfig), with the old defaults.
 _V1_ALGORITHM_DEFAULTS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 0.0, "kl_coef": 0.0,
                           "kl_estimator": "low_var_kl", "kl_in_reward": False, "entropy_coef": 0.0,
                           "loss_agg_mode": "token-mean", "use_rollout_log_probs": False, "rollout_is_cap": 0.0}
 
 
 def _without_v1_algorithm_keys(raw: dict[str, Any], registry: PluginRegistry) -> dict[str, Any]:
-    """A saved config.toml of a run from before Core v2, for an algorithm that no longer takes the PPO knobs.
-
-    Keys at their old defaults meant nothing to such an algorithm (DPO, SPIN, ...) and are dropped;
-    a key set to anything else is left for the config check to refuse by name.
-    """
+    """A pre-Core-v2 config.toml: drop PPO keys at their old defaults that the algorithm (DPO, SPIN, ...)
+    no longer takes; one set to anything else is left for the config check to refuse by name."""
     section = raw.get("algorithm")
     if not isinstance(section, dict):
         return raw
