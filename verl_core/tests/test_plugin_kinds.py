@@ -23,14 +23,6 @@ _counter = itertools.count()
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    return root
-
-
-@pytest.fixture
 def plugin(site: Path):
     """``plugin(source, {group: {name: attr}})`` writes a module and a distribution naming its attributes."""
     created: list[str] = []

@@ -73,15 +73,6 @@ def write_dist(
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh directory on sys.path to hold fake distributions and modules."""
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    return root
-
-
-@pytest.fixture
 def module(site: Path) -> Iterator[Callable[[str], str]]:
     """Factory writing a uniquely named module into ``site``; returns its name.
 

@@ -301,8 +301,8 @@ class Trainer:
         """One RL step: sample prompts, run the dataflow, and return its metrics."""
         start = time.perf_counter()
         prompts = self._draw_prompts()
-        sampling = self.config.rollout.config.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
         rc = self.config.rollout.config
+        sampling = rc.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
         ctx = StepContext(step=self.step, prompts=prompts, algorithm=self.algorithm, actor=self.actor,
                           rollout=self.rollout, reward=self.reward, sampling=sampling, critic=self.critic,
                           reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts,
