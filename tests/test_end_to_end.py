@@ -96,8 +96,8 @@ def test_user_errors_exit_2_without_traceback(run_verl):
     res = run_verl("run", "algorithm.kl_coef=abc")
     assert res.returncode == 2
     assert "algorithm.kl_coef: expected a number" in res.stderr
-    res = run_verl("run", "--rollout", "sglang")
-    assert res.returncode == 2 and "pip install verl-rollout-sglang" in res.stderr
+    res = run_verl("run", "--backend", "megatron")
+    assert res.returncode == 2 and "pip install verl-backend-megatron" in res.stderr
 
 
 @pytest.mark.slow

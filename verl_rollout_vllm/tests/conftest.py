@@ -51,9 +51,9 @@ def tokenizer(model_dir: str) -> Any:
 @pytest.fixture(scope="session")
 def prompts(tokenizer: Any) -> list[list[int]]:
     """Chat-formatted prompts of different lengths, as token ids."""
-    texts = ["12+34=", "5+6=", "123+4=", "99+1="]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for t in texts]
+    from verl_core.testing import chat_prompt_ids
+
+    return chat_prompt_ids(tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -329,11 +329,14 @@ class RolloutOutput:
         response_ids: token ids of each response, ending with the stop token if one was hit.
         log_probs: log-prob of each sampled token under the engine (None if not requested).
         finish_reasons: ``"stop"`` (a stop token) or ``"length"`` (hit ``max_new_tokens``).
+        weight_version: how many weight syncs the engine had taken when it sampled these (None:
+            the engine does not count); the batch carries it per sample.
     """
 
     response_ids: list[list[int]]
     log_probs: list[list[float]] | None
     finish_reasons: list[str]
+    weight_version: int | None = None
 
 
 @dataclass
@@ -426,12 +429,15 @@ class RolloutEngine(abc.ABC):
             weight-sync guard then records the log-prob gap but never stops the run.
         accepts_lora_adapters: True when :meth:`load_lora_adapter` works (the engine serves the
             base weights plus an adapter, so a sync sends only the adapter).
+        seeded_sampling: False for an engine that cannot honour ``SamplingParams.seed`` (the same
+            seed then does not repeat a sample, and a resumed run samples anew).
     """
 
     Config: ClassVar[type[RolloutConfig]] = RolloutConfig
     shares_actor_weights: ClassVar[bool] = False
     supports_memory_release: ClassVar[bool] = False
     follows_actor_weights: ClassVar[bool] = True
+    seeded_sampling: ClassVar[bool] = True
 
     def __init__(self, *, config: RolloutConfig, model: ModelSpec, tokenizer: Any,
                  actor: TrainingWorker | None = None, world: WorldInfo = WorldInfo()) -> None:

@@ -82,7 +82,8 @@ def build_batch(prompts: Sequence[dict[str, Any]], output: RolloutOutput, *, n: 
         group_ids=torch.arange(len(prompts)).repeat_interleave(n),
         rollout_log_probs=rollout_lp,
         finish_reasons=list(output.finish_reasons),
-        meta={k: [r.get(k) for r in rows] for k in meta_keys},
+        meta={**{k: [r.get(k) for r in rows] for k in meta_keys},
+              "weight_version": [output.weight_version] * expected},
         info={"pad_token_id": pad_id},
     )
 

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from verl_core.config import ConfigError
+from verl_core.engine_kit import sample_seed, stop_token_ids, write_safetensors
 from verl_core.interfaces import (
     LoRAAdapter,
     ModelSpec,
@@ -157,7 +158,7 @@ class VLLMRollout(RolloutEngine):
         self._lora_dir = ""
         self._lora_version = 0
         self._tmp_dirs: list[str] = []
-        self._stop_ids = _eos_ids(tokenizer)
+        self._stop_ids = set(stop_token_ids(tokenizer))
         self._llm = self._start()
         self.on_cpu = self._platform_is_cpu()
         # Sleep mode is a GPU feature: on CPU vLLM's sleep() is a silent no-op, so say so honestly.
@@ -288,7 +289,7 @@ class VLLMRollout(RolloutEngine):
                 max_tokens=sampling.max_new_tokens,
                 # vLLM gives the k-th sample of a seeded request seed + k, so prompts are spaced by n
                 # to keep every sample's seed distinct.
-                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                seed=sample_seed(sampling.seed, i, sampling.n),
                 # Stop exactly on the tokenizer's eos plus the requested ids, as every engine does
                 # (not on extra ids from the model's generation config).
                 ignore_eos=True,
@@ -368,12 +369,9 @@ class VLLMRollout(RolloutEngine):
 
     @contextlib.contextmanager
     def _weights_file(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[str]:
-        from safetensors.torch import save_file
-
         directory = tempfile.mkdtemp(prefix="verl-vllm-sync-")
         try:
-            tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
-            save_file(tensors, os.path.join(directory, "model.safetensors"))
+            write_safetensors(weights, directory)
             yield directory
         finally:
             shutil.rmtree(directory, ignore_errors=True)
@@ -413,12 +411,6 @@ class VLLMRollout(RolloutEngine):
 
 
 # ---------------------------------------------------------------------- helpers
-def _eos_ids(tokenizer: Any) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    ids = eos if isinstance(eos, (list, tuple, set)) else [eos]
-    return {int(i) for i in ids if i is not None}
-
-
 def _is_memory_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, MemoryError) or "memory" in text or "kv cache" in text

@@ -24,9 +24,7 @@ import collections
 import json
 import logging
 import os
-import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,19 +32,14 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from verl_core.engine_kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
 from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
 
 __all__ = ["OpenAIRollout", "OpenAIRolloutConfig", "ServerError"]
 
 logger = logging.getLogger(__name__)
 
-# Statuses worth retrying: the request may succeed unchanged a moment later.
-RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 WEIGHT_SYNC_MODES = ("error", "checkpoint", "ignore")
-
-
-class ServerError(RuntimeError):
-    """The server refused a request, or kept failing after all retries."""
 
 
 @dataclass
@@ -128,22 +121,19 @@ class OpenAIRollout(RolloutEngine):
         super().__init__(config=config, model=model, tokenizer=tokenizer, actor=actor, world=world)
         # weight_sync="ignore" serves the server's fixed weights on purpose: the guard only records the gap.
         self.follows_actor_weights = config.weight_sync != "ignore"
-        import httpx
-
         self._root = config.base_url.rstrip("/").removesuffix("/v1")
         headers = {}
         key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
-        self._client = httpx.Client(base_url=self._root, headers=headers, limits=limits,
-                                    timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s))
+        self._http = RetryingClient(self._root, timeout_s=config.timeout_s, connect_timeout_s=config.connect_timeout_s,
+                                    max_retries=config.max_retries, backoff_s=config.backoff_s,
+                                    backoff_max_s=config.backoff_max_s, max_connections=config.max_concurrency,
+                                    headers=headers)
         self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="verl-openai")
         self._cache: collections.OrderedDict[str, list[dict[str, Any]]] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._stop_ids = {int(i) for i in _as_list(getattr(tokenizer, "eos_token_id", None)) if i is not None}
         self.requests_sent = 0
-        self.retries = 0
         self.cache_hits = 0
         self.model_name = config.model_name or self._served_model()
 
@@ -160,45 +150,24 @@ class OpenAIRollout(RolloutEngine):
             raise ServerError(f"{self._root}/v1/models lists no model; set rollout.model_name")
         return models[0]
 
+    @property
+    def retries(self) -> int:
+        return self._http.retries
+
     def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
                  params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One request with retries on transient failures; returns the JSON body (``{}`` if empty)."""
-        import httpx
-
-        cfg = self.config
-        attempt = 0
-        while True:
-            wait = None
-            try:
-                if path == "/v1/completions":
-                    with self._lock:
-                        self.requests_sent += 1
-                response = self._client.request(method, path, json=payload, params=params)
-            except httpx.TransportError as exc:  # connection refused/reset, timeouts
-                error = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code < 400:
-                    return response.json() if response.content else {}
-                error = f"HTTP {response.status_code}: {response.text[:500]}"
-                if response.status_code not in RETRY_STATUSES:
-                    raise ServerError(f"{method} {self._root}{path} failed with {error}")
-                wait = _retry_after(response.headers.get("retry-after"))
-            if attempt >= cfg.max_retries:
-                raise ServerError(f"{method} {self._root}{path} failed after {attempt + 1} attempts: {error}")
-            if wait is None:
-                # Exponential back-off with jitter, so that many threads do not retry in lock step.
-                wait = min(cfg.backoff_max_s, cfg.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
-            attempt += 1
+        """One request with retries on transient failures (:class:`~verl_core.engine_kit.RetryingClient`)."""
+        if path == "/v1/completions":
             with self._lock:
-                self.retries += 1
-            logger.warning("retrying %s %s in %.2fs after %s", method, path, wait, error)
-            time.sleep(wait)
+                self.requests_sent += 1
+        body = self._http.request(method, path, payload, params=params)
+        return body if isinstance(body, dict) else {}
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
         size = self.config.prompts_per_request
         chunks = [list(range(s, min(s + size, len(prompt_ids)))) for s in range(0, len(prompt_ids), size)]
-        stop_ids = sorted(self._stop_ids | set(sampling.stop_token_ids))
+        stop_ids = stop_token_ids(self.tokenizer, sampling.stop_token_ids)
         # vLLM refuses n > 1 with greedy decoding; greedy samples are identical, so ask once and repeat.
         n = 1 if sampling.greedy else sampling.n
 
@@ -213,7 +182,7 @@ class OpenAIRollout(RolloutEngine):
                 "top_p": 1.0 if sampling.greedy else sampling.top_p,
                 "top_k": 0 if sampling.greedy or sampling.top_k <= 0 else sampling.top_k,
                 # Spaced by n: vLLM seeds a request's k-th sample with seed + k.
-                "seed": None if sampling.seed is None else sampling.seed + chunk[0] * n,
+                "seed": sample_seed(sampling.seed, chunk[0], n),
                 "stop_token_ids": stop_ids,
                 "ignore_eos": True,
                 "skip_special_tokens": False,
@@ -296,14 +265,8 @@ class OpenAIRollout(RolloutEngine):
                 "(a directory the server reads; vLLM server started with VLLM_SERVER_DEV_MODE=1) to have verl "
                 "write the weights and ask the server to reload them, or rollout.weight_sync='ignore' to keep "
                 "sampling from the server's fixed weights (off-policy)")
-        from safetensors.torch import save_file
-
         directory = Path(self.config.sync_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
-        tmp = directory / "model.safetensors.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, directory / "model.safetensors")  # the server never sees half a file
+        write_safetensors(weights, directory)  # shards appear complete or not at all
         self.reload_from_checkpoint(str(directory))
 
     def reload_from_checkpoint(self, path: str) -> None:
@@ -329,11 +292,7 @@ class OpenAIRollout(RolloutEngine):
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self._client.close()
-
-
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple, set)) else [value]
+        self._http.close()
 
 
 def _token_id(token: str) -> int:
@@ -342,10 +301,3 @@ def _token_id(token: str) -> int:
     if prefix != "token_id" or not number.isdigit():
         raise ServerError(f"cannot read a token id from {token!r}; the server must return token ids")
     return int(number)
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None

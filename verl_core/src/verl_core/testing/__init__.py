@@ -25,6 +25,7 @@ Helpers:
     :func:`tiny_model_dir`: a tiny Qwen2 shaped like the built-in addition model, written to a directory.
     :func:`tiny_text_model_dir`, :func:`tiny_reward_model_dir`: tiny Qwen2 causal LM / reward model.
     All three use a byte-level tokenizer (:func:`build_byte_tokenizer`) that encodes any text.
+    :func:`chat_prompt_ids`: short user turns through a chat template, as token ids for an engine.
 
 Importing this package needs pytest (it is a test-time dependency, ``verl-core[test]``).
 """
@@ -32,10 +33,10 @@ Importing this package needs pytest (it is a test-time dependency, ``verl-core[t
 from verl_core.testing._algorithm import AlgorithmConformance
 from verl_core.testing._backend import BackendConformance
 from verl_core.testing._config_effects import ConfigEffect, EffectHarness, config_effect_batch, config_field_problems
-from verl_core.testing._factories import make_batch, tiny_model_dir
+from verl_core.testing._factories import chat_prompt_ids, make_batch, tiny_model_dir
 from verl_core.testing._rollout import RolloutConformance
 from verl_core.testing._text_models import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 
-__all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir",
+__all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
            "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir", "ConfigEffect", "EffectHarness",
            "config_effect_batch", "config_field_problems"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -173,3 +173,10 @@ def tiny_model_dir(tmp_path: str | os.PathLike[str], *, seed: int = 0) -> str:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+def chat_prompt_ids(tokenizer: Any, texts: Sequence[str] = ("12+34=", "5+6=", "123+4=", "99+1=")) -> list[list[int]]:
+    """Each text as one user turn through the tokenizer's chat template, as token ids ready for a
+    rollout engine (default: addition prompts of different lengths, so padding is exercised)."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for t in texts]

@@ -121,14 +121,17 @@ class RolloutConformance:
 
     def test_finish_reasons_with_stop_tokens(self, engine: RolloutEngine, prompt_ids: list[list[int]]) -> None:
         """Extra ``stop_token_ids`` end a response, which then reports ``"stop"``."""
-        plain = engine.generate(prompt_ids, sampling=self.sampling(n=2, seed=1))
+        # The second call must repeat the first up to the stop: by its seed, or greedily.
+        seeded = engine.seeded_sampling
+        base = dict(n=2, seed=1) if seeded else dict(n=2, greedy=True, seed=None)
+        plain = engine.generate(prompt_ids, sampling=self.sampling(**base))
         special = self.stop_ids(engine, self.sampling()) | {engine.tokenizer.pad_token_id}
         # Stop on the most frequent ordinary token so that stop_token_ids really triggers.
         counts = Counter(t for ids in plain.response_ids for t in ids if t not in special)
         if not counts:
             pytest.skip("the model produced only special tokens; cannot pick an extra stop token")
         stop = counts.most_common(1)[0][0]
-        sampling = self.sampling(n=2, seed=1, stop_token_ids=(stop,))
+        sampling = self.sampling(**base, stop_token_ids=(stop,))
         out = engine.generate(prompt_ids, sampling=sampling)
         self.check_output(engine, out, prompt_ids, sampling)
         assert any(ids[-1] == stop for ids in out.response_ids), f"stop token {stop} never ended a response"
@@ -152,6 +155,8 @@ class RolloutConformance:
 
     def test_seed_controls_sampling(self, engine: RolloutEngine, prompt_ids: list[list[int]]) -> None:
         """The same seed repeats the samples; another seed changes them."""
+        if not engine.seeded_sampling:
+            pytest.skip(f"{type(engine).__name__} says it cannot seed requests (seeded_sampling=False)")
         a = engine.generate(prompt_ids, sampling=self.sampling(n=3, seed=123))
         b = engine.generate(prompt_ids, sampling=self.sampling(n=3, seed=123))
         c = engine.generate(prompt_ids, sampling=self.sampling(n=3, seed=456))
