@@ -84,6 +84,18 @@ def test_algorithm_runs_through_the_cli(name, tmp_path, run_verl):
         check(row)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dpo", "kto", "orpo"])
+def test_preference_algorithms_run_on_the_builtin_task_with_no_data_of_their_own(name, tmp_path, run_verl):
+    """``verl run --algo dpo``: the algorithm asks for preference pairs, builtin:addition derives them."""
+    out = tmp_path / "run"
+    res = run_verl("run", "--algo", name, "--output-dir", str(out), *FAST)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 'train = "builtin:addition"' in (out / "config.toml").read_text()
+    for row in check_run(out, name):
+        CASES[name][1](row)
+
+
 # ----------------------------------------------------------------------------- estimators on real batches
 def group_baselines(rewards, lengths, groups, name):
     """The baseline each sample's reward is compared with, by the estimator's definition."""

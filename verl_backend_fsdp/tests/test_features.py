@@ -361,3 +361,24 @@ def test_nan_in_a_later_micro_batch_leaves_no_gradient_behind(model_dir):
     assert norms[0] == pytest.approx(norms[1], rel=1e-6)
     a, b = dict(hit.iter_weights()), dict(fresh.iter_weights())
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-7
+
+
+def test_the_actor_loss_gets_the_current_entropy_with_gradients_on_every_micro_batch(model_dir):
+    """What docs/writing-plugins.md promises ``policy_loss``: entropy and log-probs of the current policy."""
+    batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, advantages=True, seed=4)
+    worker = _worker(model_dir, micro_batch_size=4)
+    expected = worker.compute_log_probs(batch, with_entropy=True).entropy
+    calls = []
+
+    def loss_fn(*, batch, log_probs=None, entropy=None, values=None):
+        calls.append((batch, log_probs, entropy, values))
+        return -(log_probs * batch.response_mask).sum() - entropy.sum() * 0.0, {}
+
+    worker.update_policy(batch, loss_fn=loss_fn, mini_batch_size=0, epochs=2)
+    assert len(calls) == 4  # 2 micro-batches x 2 epochs
+    for micro, log_probs, entropy, values in calls:
+        assert values is None and entropy is not None and entropy.requires_grad
+        assert entropy.shape == log_probs.shape == micro.response_mask.shape
+    first = torch.cat([c[2].detach() for c in calls[:2]])  # epoch 1, before any optimizer step moved it
+    mask = batch.response_mask.bool()
+    assert first.shape == expected.shape and (first[mask] - expected[mask]).abs().max() < 1e-5

@@ -202,3 +202,10 @@ def test_sampler_resumes_mid_epoch_and_at_an_epoch_boundary():
 
     with pytest.raises(DataError, match="resume with the same data"):
         PromptSampler(12, 5, seed=3).load_state_dict(state)
+
+
+def test_a_batch_larger_than_the_data_says_what_to_set():
+    with pytest.raises(DataError, match=r"data.batch_size=64 is larger than the 10 training prompts; set "
+                                        r"data.batch_size <= 10 \(each prompt is still sampled rollout.n times\)"):
+        PromptSampler(10, 64, seed=0)
+    assert len(PromptSampler(10, 10, seed=0).next_batch()) == 10

@@ -74,6 +74,11 @@ def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> No
     assert load_rows("builtin:sums", split="test", registry=registry)[0]["split"] == "test"
     with pytest.raises(DataError, match="builtin:sums: no split 'dev'"):
         load_rows("builtin:sums", split="dev", registry=registry)
+    # A provider is asked for another row format only when it says it builds it (DatasetProvider.formats).
+    with pytest.raises(DataError, match="data.train: the algorithm trains on 'preference_pairs' rows, and "
+                                        "builtin:sums builds only 'prompts'; point data.train at data with "
+                                        "preference_pairs"):
+        load_rows("builtin:sums", registry=registry, format="preference_pairs")
     # The preset sits under the user's settings: theirs win, the rest fills in.
     raw = _with_model_preset({"model": {"path": "builtin:tiny"}, "backend": {"lr": 0.1}}, registry)
     assert raw["backend"] == {"lr": 0.1} and raw["run"] == {"max_steps": 7}

@@ -3,7 +3,8 @@
 import pytest
 
 from verl_core.registry import PluginRegistry
-from verl_task_arithmetic.addition import build_model, build_tokenizer, evaluate_greedy, make_dataset, reward
+from verl_task_arithmetic.addition import (build_model, build_tokenizer, evaluate_greedy, make_dataset,
+                                           preference_pairs, reward)
 from verl_task_arithmetic.plugins import Addition, ArithmeticEnvironment, TinyQwen2Addition, arithmetic_reward
 
 
@@ -59,6 +60,25 @@ def test_the_builtin_names_resolve_through_the_registry(registry):
     assert len(load_rows("builtin:addition", registry=registry)) == 7600
     with pytest.raises(ValueError, match="no split 'dev'"):
         Addition().rows(split="dev")
+
+
+def test_preference_pairs_prefer_the_sum_to_a_near_miss(registry):
+    from verl_core.data import load_rows
+
+    assert Addition.formats == ("prompts", "preference_pairs")
+    pairs = load_rows("builtin:addition", split="train", registry=registry, format="preference_pairs")
+    train = make_dataset()[0]
+    assert len(pairs) == len(train) == 7600
+    for row, plain in zip(pairs, train):
+        assert {k: row[k] for k in plain} == plain  # the prompt row, as it is
+        assert row["chosen"] == plain["reward_model"]["ground_truth"]
+        assert row["rejected"] != row["chosen"] and row["rejected"].isdigit()
+        assert 0 < abs(int(row["rejected"]) - int(row["chosen"])) <= 900
+    # The wrong answer belongs to the row, not to the order it was built in.
+    assert preference_pairs(list(reversed(train[:50]))) == list(reversed(pairs[:50]))
+    assert load_rows("builtin:addition", split="test", registry=registry) == make_dataset()[1]
+    with pytest.raises(ValueError, match="no 'graded' rows"):
+        Addition().rows(split="train", format="graded")
 
 
 def test_the_model_preset_is_layered_under_the_users_config(registry):

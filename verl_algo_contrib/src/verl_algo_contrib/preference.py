@@ -13,7 +13,10 @@ a group of (its own completion, another example's completion): the second row is
 estimate the KL reference point ``z``, flagged by ``extras["kl_row"]``.
 
 Columns (configurable): ``prompt``, ``chosen``, ``rejected``; KTO also reads ``completion`` and
-``label`` rows. Micro- and mini-batch sizes must be even so that groups stay whole.
+``label`` rows. Micro- and mini-batch sizes must be even so that groups stay whole. Their
+:class:`~verl_core.interfaces.Requirements` ask for ``"preference_pairs"`` data, which a ``builtin:``
+dataset that offers it builds itself: ``verl run --algo dpo`` trains on pairs derived from
+``builtin:addition`` (chosen = the sum, rejected = a near miss).
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class PreferenceAlgorithm(Algorithm):
     uses_reference = True
 
     def requirements(self) -> Requirements:
-        return Requirements(critic=False, reference=self.uses_reference)
+        # "preference_pairs": a builtin: dataset (builtin:addition) derives chosen/rejected columns itself.
+        return Requirements(critic=False, reference=self.uses_reference, data="preference_pairs")
 
     def build_dataflow(self, df: Any) -> None:
         df.batch_from_data(self.build_batch, name="preference_data")

@@ -190,10 +190,11 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
         # trained weights are read from the actor worker (iter_weights / export_hf).
         if role is Role.CRITIC:
             config = copy.deepcopy(spec.module.config)
+            keep_head = _has_value_head(spec.module)
             config.num_labels = 1
             critic = AutoModelForTokenClassification.from_config(config).to(spec.module.dtype)
-            critic.load_state_dict(spec.module.state_dict(), strict=False)  # backbone names match
-            torch.nn.init.zeros_(critic.score.weight)
+            missing = critic.load_state_dict(spec.module.state_dict(), strict=False).missing_keys
+            _start_value_head(critic, missing, keep=keep_head)  # backbone (and score) names match
             return critic
         return copy.deepcopy(spec.module)
 
@@ -203,12 +204,13 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
                                 f"directory)")
     hf_config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     if role is Role.CRITIC:
-        # The value head sits on the same architecture: token classification with one label.
+        # The value head sits on the same architecture: token classification with one label. A
+        # checkpoint with a one-label score head (a trained critic, a reward model) keeps it.
         hf_config.num_labels = 1
-        module = AutoModelForTokenClassification.from_pretrained(
-            spec.path, config=hf_config, dtype=dtype, trust_remote_code=spec.trust_remote_code)
-        if hasattr(module, "score"):
-            torch.nn.init.zeros_(module.score.weight)  # start from value 0 everywhere, not noise
+        module, loading = AutoModelForTokenClassification.from_pretrained(
+            spec.path, config=hf_config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+            output_loading_info=True)
+        _start_value_head(module, loading["missing_keys"], keep="score.weight" not in loading["missing_keys"])
         return module
     if role is Role.REWARD_MODEL:
         return _load_reward_model(spec, dtype, hf_config)
@@ -217,6 +219,29 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
     except ValueError as exc:
         raise ValueError(f"model.path: {spec.path!r} is not a causal language model "
                          f"({hf_config.model_type}): {exc}") from exc
+
+
+def _has_value_head(module: torch.nn.Module) -> bool:
+    """Whether a loaded model already has a one-label ``score`` head (a critic or a reward model) to keep."""
+    head = getattr(module, "score", None)
+    if head is None:
+        return False
+    if getattr(head, "out_features", None) != 1:
+        raise ValueError(f"critic_model: the {type(module).__name__} given has a score head of "
+                         f"{getattr(head, 'out_features', '?')} outputs; a critic starts from a causal LM (a new value "
+                         f"head) or from a model whose score head has one output")
+    return True
+
+
+def _start_value_head(critic: torch.nn.Module, missing: Any, *, keep: bool) -> None:
+    """A new value head starts at 0 everywhere, not noise; a kept one gets a zero bias if it had none."""
+    head = getattr(critic, "score", None)
+    if head is None:
+        return
+    if not keep:
+        torch.nn.init.zeros_(head.weight)
+    elif getattr(head, "bias", None) is not None and "score.bias" in missing:
+        torch.nn.init.zeros_(head.bias)
 
 
 def _load_reward_model(spec: ModelSpec, dtype: torch.dtype, hf_config: Any) -> torch.nn.Module:

@@ -126,14 +126,14 @@ def config_show(
     executor: Optional[str] = typer.Option(None), nnodes: Optional[int] = typer.Option(None),
     procs_per_node: Optional[int] = typer.Option(None),
 ) -> None:
-    """Print the resolved config (same arguments as `verl run`) as TOML."""
+    """Print the resolved config (same arguments as `verl run`) as TOML, after a comment naming its defaults profile."""
     options = locals()
 
     def go() -> None:
         from verl_core.config import config_to_dict, dump_toml
 
         cfg, _ = _collect(options)
-        typer.echo(dump_toml(config_to_dict(cfg)), nl=False)
+        typer.echo(f"# profile: {cfg.profile}\n{dump_toml(config_to_dict(cfg))}", nl=False)
 
     _guard(go)
 
@@ -142,15 +142,28 @@ def config_show(
 def plugins_list(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     kind: Optional[str] = typer.Option(None, help="Only this kind (backend, rollout, algorithm, ...)."),
+    check: bool = typer.Option(False, "--check", help="Import every available plugin; those that fail show as "
+                                                       "broken, with the error, and the exit code is 1."),
 ) -> None:
-    """Every installed plugin with its kind, distribution, version and status (imports nothing)."""
+    """Every installed plugin with its kind, distribution, version and status (imports nothing without --check)."""
     import dataclasses
 
-    from verl_core.registry import PluginRegistry
+    from verl_core.registry import PluginError, PluginRegistry
 
-    infos = _guard(lambda: PluginRegistry().list(kind))
+    registry = PluginRegistry()
+    infos = _guard(lambda: registry.list(kind))
+    if check:
+        for info in infos:
+            if info.status == "available":
+                try:
+                    registry.load(info.kind, info.name)
+                except PluginError:
+                    pass  # the registry now lists it as broken, with the cause
+        infos = registry.list(kind)
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(i) for i in infos], indent=1))
+        if check and any(i.status == "broken" for i in infos):
+            raise typer.Exit(1)
         return
     rows = [("KIND", "NAME", "DISTRIBUTION", "VERSION", "STATUS")]
     rows += [(i.kind, i.name, i.distribution, i.version, i.status) for i in infos]
@@ -160,6 +173,8 @@ def plugins_list(
     for i in infos:
         if i.message:
             typer.echo(f"  {i.kind}/{i.name}: {i.message}")
+    if check and any(i.status == "broken" for i in infos):
+        raise typer.Exit(1)
 
 
 @app.command("export")

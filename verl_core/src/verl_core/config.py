@@ -65,6 +65,8 @@ class RunConfig:
     Attributes:
         output_dir: run directory (resolved config, metrics.jsonl, checkpoints).
         max_steps: RL steps to run in total (counting steps done before a resume).
+        epochs: instead of ``max_steps``, passes over the training prompts (0: ``max_steps`` decides):
+            ``epochs * (training prompts // data.batch_size)`` steps in total.
         save_every: checkpoint every N steps (0: only at the end).
         keep_checkpoints: how many complete checkpoints to keep (0 keeps all).
         resume: ``"auto"`` (latest complete checkpoint in output_dir), ``"never"``, or a path.
@@ -81,6 +83,7 @@ class RunConfig:
 
     output_dir: str = "runs/default"
     max_steps: int = 60
+    epochs: int = 0
     save_every: int = 0
     keep_checkpoints: int = 2
     resume: str = "auto"
@@ -94,8 +97,8 @@ class RunConfig:
     name: str = ""
 
     def validate(self) -> None:
-        if self.max_steps < 0:
-            raise ConfigError("max_steps", "must be >= 0")
+        if self.max_steps < 0 or self.epochs < 0:
+            raise ConfigError("epochs" if self.epochs < 0 else "max_steps", "must be >= 0")
         if self.save_every < 0 or self.val_every < 0:
             raise ConfigError("save_every", "save_every and val_every must be >= 0")
         if self.resume not in ("auto", "never") and not self.resume:
@@ -107,14 +110,19 @@ class ModelConfig:
     """The policy model.
 
     Attributes:
-        path: a local Hugging Face model directory, or ``builtin:tiny-qwen2-addition``.
+        path: a local Hugging Face model directory, or ``builtin:tiny-qwen2-addition``. A run given a
+            model object (``Trainer(model=...)``) records it as ``"<object: Qwen2ForCausalLM ...>"``.
         tokenizer: tokenizer directory (default: ``path``).
+        critic_path: where the critic starts (algorithms with a critic): a model directory with a
+            one-label score head (token or sequence classification, e.g. a reward model), whose head
+            is kept, or a causal LM, whose backbone gets a new value head at zero (default: ``path``).
         dtype: parameter dtype (``float32``, ``bfloat16``).
         trust_remote_code: allow model code shipped with the checkpoint.
     """
 
     path: str = "builtin:tiny-qwen2-addition"
     tokenizer: str = ""
+    critic_path: str = ""
     dtype: str = "float32"
     trust_remote_code: bool = False
 
@@ -258,6 +266,11 @@ class Config:
     """A complete, validated run configuration: one attribute per section (``config.run.seed``).
 
     The core's sections are typed below; sections registered by plugins are attributes too.
+
+    Attributes:
+        raw: the settings it was resolved from, before any preset (``None`` when built directly).
+        profile: where the defaults came from: the preset of a ``builtin:`` model, or each section's
+            dataclass defaults, lengths fitted to a small model (``verl config show`` prints it).
     """
 
     run: RunConfig
@@ -269,9 +282,12 @@ class Config:
     algorithm: PluginSection
     executor: PluginSection
 
-    def __init__(self, sections: Mapping[str, Any], specs: Mapping[str, ConfigSection] | None = None) -> None:
+    def __init__(self, sections: Mapping[str, Any], specs: Mapping[str, ConfigSection] | None = None, *,
+                 raw: Mapping[str, Any] | None = None, profile: str = "") -> None:
         self._sections = dict(sections)
         self._specs = dict(CORE_SECTIONS if specs is None else specs)
+        self.raw = raw
+        self.profile = profile
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Config) and self._sections == other._sections
@@ -345,15 +361,34 @@ def set_key(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- resolving
-def resolve_config(raw: Mapping[str, Any], registry: Any) -> Config:
+def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int | None = None) -> Config:
     """Turn a raw dict into a validated :class:`Config`; plugin sections use the plugin's class.
 
     Selecting a plugin here imports its module (its Config class); plugin modules keep heavy
     engine imports out of module scope, so this stays cheap and happens before any model loads.
+    The defaults follow the model (``Config.profile``): a ``builtin:`` model's preset, else each
+    section's own, with prompt and response lengths fitted to a small model's context window
+    (:func:`fitted_lengths`: ``max_positions``, or ``max_position_embeddings`` from a local
+    ``model.path``'s config.json).
     """
     sections = config_sections(registry, used=list(raw))
     known = list(sections)
-    raw = _with_model_preset(raw, registry)
+    user = raw
+    model = raw.get("model") if isinstance(raw.get("model"), Mapping) else {}
+    path = str(model.get("path", ModelConfig.path))
+    if path.startswith("builtin:"):
+        raw = _with_model_preset(raw, registry)
+        applied = [f"{section}.{key}" for section, values in raw.items() if isinstance(values, Mapping)
+                   for key in values if key not in (user.get(section) or {})]
+        profile = (f"built-in task (the preset of {path} sets {', '.join(applied) or 'nothing you left unset'}; "
+                   f"settings you give win)")
+    else:
+        max_positions = max_positions if max_positions is not None else _max_positions(path)
+        fitted = fitted_lengths(max_positions)
+        raw = _with_model_preset(raw, registry, fitted)
+        profile = "own model (each section's defaults" + (
+            f"; data.max_prompt_length and rollout.max_new_tokens fitted to its max_position_embeddings="
+            f"{max_positions})" if fitted else "; no builtin: model preset)")
     for section, value in raw.items():
         if section not in known:
             raise ConfigError(section, f"unknown section{_suggest(section, known)}; sections are {known}")
@@ -377,11 +412,12 @@ def resolve_config(raw: Mapping[str, Any], registry: Any) -> Config:
             built[section] = PluginSection(name, None)
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
-    return Config(built, sections)
+    return Config(built, sections, raw=user, profile=profile)
 
 
-def _with_model_preset(raw: Mapping[str, Any], registry: Any) -> dict[str, Any]:
-    """Layer the recommended settings of a ``builtin:`` model under the user's own.
+def _with_model_preset(raw: Mapping[str, Any], registry: Any,
+                       preset: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Layer the recommended settings of a ``builtin:`` model (or ``preset``) under the user's own.
 
     A built-in model's plugin ships the settings it was tuned with (``ModelProvider.preset``, like
     a Hugging Face model ships its generation config); anything the user sets wins.
@@ -390,12 +426,36 @@ def _with_model_preset(raw: Mapping[str, Any], registry: Any) -> dict[str, Any]:
 
     path = raw.get("model", {}).get("path", ModelConfig.path) if isinstance(raw.get("model", {}), Mapping) else None
     builtin = isinstance(path, str) and path.startswith(BUILTIN_PREFIX)
-    preset = load_builtin(registry, "model", path, key="model.path").preset if builtin else None
+    if preset is None and builtin:
+        preset = load_builtin(registry, "model", path, key="model.path").preset
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     for section, values in (preset or {}).items():
         if isinstance(out.get(section, {}), Mapping):
             out[section] = {**values, **out.get(section, {})}
     return out
+
+
+def fitted_lengths(max_positions: Any) -> dict[str, dict[str, int]]:
+    """Default prompt and response lengths for a model's context window, as a preset (``{}``: the defaults fit).
+
+    The defaults (512-token prompts, 64 new tokens) need 576 positions; a smaller model keeps a quarter
+    of its positions (at most 64) for the response and the rest for the prompt.
+    """
+    from verl_core.interfaces import RolloutConfig
+
+    prompt, new = DataConfig.max_prompt_length, RolloutConfig.max_new_tokens
+    if not isinstance(max_positions, int) or isinstance(max_positions, bool) or not 2 <= max_positions < prompt + new:
+        return {}
+    new = min(new, max_positions // 4) or 1
+    return {"data": {"max_prompt_length": max_positions - new}, "rollout": {"max_new_tokens": new}}
+
+
+def _max_positions(path: str) -> Any:
+    """``max_position_embeddings`` from a local model directory's config.json (None if there is none)."""
+    try:
+        return json.loads((Path(path).expanduser() / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def build_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:

@@ -26,14 +26,14 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["load_rows", "tokenize_rows", "render_rows", "build_datasets", "PromptStats", "PromptSampler",
-           "DataError", "OVERLONG_MODES"]
+__all__ = ["load_rows", "check_data_source", "tokenize_rows", "render_rows", "build_datasets", "PromptStats",
+           "PromptSampler", "DataError", "OVERLONG_MODES"]
 
 logger = logging.getLogger("verl.data")
 
 OVERLONG_MODES = ("filter", "truncate_left", "truncate_right", "truncate_middle", "error")
 # "owner/name" on the Hugging Face Hub (a path that does not exist locally and has this shape).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class DataError(ValueError):
@@ -41,7 +41,8 @@ class DataError(ValueError):
 
 
 # ----------------------------------------------------------------------------- loading
-def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any = None) -> list[dict[str, Any]]:
+def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any = None,
+              format: str = "prompts") -> list[dict[str, Any]]:
     """Raw rows (plain dicts) from a ``builtin:`` dataset, a file, a dataset directory or a Hub id.
 
     Args:
@@ -51,25 +52,31 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
             ``builtin:`` datasets); a single file is one split already.
         seed: unused; kept for callers that pass it.
         registry: the plugin registry ``builtin:`` datasets are found in (a fresh one by default).
+        format: the rows a ``builtin:`` dataset is asked for (:attr:`~verl_core.interfaces.Requirements.data`);
+            other sources are read as they are.
 
     Raises:
-        DataError: the source does not exist, has an unsupported type, or lacks the split.
+        DataError: the source does not exist, has an unsupported type, or lacks the split or the format.
         UnknownPluginError: no ``verl.datasets`` plugin provides the ``builtin:`` name.
     """
     if spec.startswith("builtin:"):
         from verl_core.registry import PluginRegistry, load_builtin
 
         provider = load_builtin(registry or PluginRegistry(), "dataset", spec, key="data")
+        formats = getattr(provider, "formats", ("prompts",))
+        if format not in formats:
+            raise DataError(f"data.train: the algorithm trains on {format!r} rows, and {spec} builds only "
+                            f"{', '.join(map(repr, formats))}; point data.train at data with {format} (see "
+                            f"verl_core.interfaces.Requirements.data for their columns)")
+        asked = {} if format == "prompts" else {"format": format}  # providers of prompts alone take no format
         try:
-            return list(provider.rows(split=split))
+            return list(provider.rows(split=split, **asked))
         except ValueError as exc:
             raise DataError(f"{spec}: {exc}") from exc
     path = Path(spec).expanduser()
     if path.is_file():
         return _read_file(path, spec)
-    if not path.is_dir() and not _HUB_ID.match(spec):
-        raise DataError(f"data file {spec!r} does not exist (use a parquet/jsonl/json file, a dataset "
-                        f"directory, a Hugging Face Hub id, or a builtin: dataset such as builtin:addition)")
+    check_data_source(spec)
     from datasets.utils import logging as ds_logging
 
     # "Generating train split" bars for every small file are noise in a training log.
@@ -80,6 +87,17 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
     finally:
         if bars:
             ds_logging.enable_progress_bar()
+
+
+def check_data_source(spec: str, key: str = "") -> None:
+    """Raise :class:`DataError` (naming ``key``) when ``spec`` is a local path that does not exist.
+
+    Cheap, so the trainer calls it before anything loads; ``builtin:`` names and Hub ids pass.
+    """
+    if not spec or spec.startswith("builtin:") or Path(spec).expanduser().exists() or HUB_ID.match(spec):
+        return
+    raise DataError(f"{key + ': ' if key else ''}data file {spec!r} does not exist (use a parquet/jsonl/json file, "
+                    f"a dataset directory, a Hugging Face Hub id, or a builtin: dataset such as builtin:addition)")
 
 
 def _read_file(path: Path, spec: str) -> list[dict[str, Any]]:
@@ -296,18 +314,20 @@ def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key:
     return out, stats.dropped
 
 
-def build_datasets(config: Any, tokenizer: Any, registry: Any = None,
+def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format: str = "prompts",
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
     """Training and validation prompts from a :class:`~verl_core.config.DataConfig`.
 
-    Returns ``(train_rows, val_rows, stats)``; ``stats`` holds ``data/...`` counts for the metrics. Dropped
-    and truncated prompts are also reported on the ``verl.data`` logger.
+    ``format`` is the algorithm's :attr:`~verl_core.interfaces.Requirements.data`, asked of a ``builtin:``
+    training set (validation always generates from prompts). Returns ``(train_rows, val_rows, stats)``;
+    ``stats`` holds ``data/...`` counts for the metrics. Dropped and truncated prompts are also reported
+    on the ``verl.data`` logger.
     """
     common = dict(prompt_key=config.prompt_key, answer_key=config.answer_key,
                   max_prompt_length=config.max_prompt_length, overlong=config.overlong,
                   apply_chat_template=config.apply_chat_template, system_prompt=config.system_prompt,
                   data_source=config.data_source)
-    train_rows = load_rows(config.train, split=config.train_split, registry=registry)
+    train_rows = load_rows(config.train, split=config.train_split, registry=registry, format=format)
     train, train_stats = render_rows(train_rows, tokenizer, source=config.train, **common)
     stats = train_stats.metrics("train")
     _report(config, "training", train_stats)
@@ -350,7 +370,9 @@ class PromptSampler:
 
     def __init__(self, size: int, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
         if batch_size > size:
-            raise DataError(f"data.batch_size={batch_size} is larger than the {size} training prompts")
+            raise DataError(f"data.batch_size={batch_size} is larger than the {size} training prompts; set "
+                            f"data.batch_size <= {size} (each prompt is still sampled rollout.n times), or give "
+                            f"more training data")
         self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
         self._order = self._make_order()

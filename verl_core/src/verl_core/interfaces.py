@@ -176,9 +176,10 @@ class BackendConfig:
         lr_schedule: ``"constant"`` or ``"cosine"`` after warm-up.
         min_lr_ratio: floor of the cosine schedule as a fraction of ``lr``.
         total_training_steps: training steps the cosine schedule spans; 0 lets the trainer fill
-            in ``run.max_steps``. The cosine starts at ``lr`` on the first step after warm-up and
-            falls over ``total_training_steps - warmup_steps`` steps to ``lr * min_lr_ratio``,
-            reached on step ``total_training_steps + 1`` (the first one past the span) and kept.
+            in the run's length (``run.max_steps``, or the steps ``run.epochs`` gives). The cosine
+            starts at ``lr`` on the first step after warm-up and falls over
+            ``total_training_steps - warmup_steps`` steps to ``lr * min_lr_ratio``, reached on step
+            ``total_training_steps + 1`` (the first one past the span) and kept.
         grad_clip: clip the global gradient norm to this (0 disables).
         micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
         log_prob_micro_batch_size: samples per forward when only computing log-probs.
@@ -302,7 +303,12 @@ class TrainingBackend(abc.ABC):
 
     @abc.abstractmethod
     def create_worker(self, *, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> TrainingWorker:
-        """Build the worker for ``role`` on the rank described by ``world``."""
+        """Build the worker for ``role`` on the rank described by ``world``.
+
+        ``model`` is the role's own: the critic's may differ from the actor's (``model.critic_path``,
+        ``Trainer(critic_model=...)``). A critic started from a causal LM gets a new value head; one
+        started from a model with a one-label score head (a critic, a reward model) keeps that head.
+        """
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -511,10 +517,21 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class Requirements:
-    """Which worker roles an algorithm needs besides the actor."""
+    """What an algorithm needs besides the actor: worker roles, and the rows its training data must hold.
+
+    Attributes:
+        critic: a critic role (value model).
+        reference: a reference role (the frozen initial policy).
+        data: the training rows' format: ``"prompts"`` (a prompt and its ground truth: every online
+            algorithm) or ``"preference_pairs"`` (also a preferred and a dispreferred response in
+            ``chosen`` and ``rejected`` columns: the offline preference algorithms). A ``builtin:``
+            dataset is asked for rows in this format (:attr:`DatasetProvider.formats`); one that
+            cannot give them fails before any model loads. Data files are used as they are.
+    """
 
     critic: bool = False
     reference: bool = False
+    data: str = "prompts"
 
 
 @dataclass(frozen=True)
@@ -800,10 +817,16 @@ class DatasetProvider(abc.ABC):
     Registered under ``verl.datasets`` with the name after ``builtin:``; verl builds it with no
     arguments. With ``data.train`` a ``builtin:`` dataset and no ``data.val``, validation reads
     its ``data.val_split`` split.
+
+    ``formats`` lists the row formats (:attr:`Requirements.data`) the provider can build. Training
+    asks for the algorithm's format, and validation for ``"prompts"``; ``rows`` is passed
+    ``format=`` only when it is not ``"prompts"``, so a provider of prompts alone needs no such argument.
     """
 
     splits: ClassVar[tuple[str, ...]] = ("train",)
+    formats: ClassVar[tuple[str, ...]] = ("prompts",)
 
     @abc.abstractmethod
     def rows(self, *, split: str) -> list[dict[str, Any]]:
-        """The rows of ``split`` in the verl row format; ``ValueError`` for a split it lacks."""
+        """The rows of ``split`` in the verl row format (``format=...``: with that format's columns too);
+        ``ValueError`` for a split it lacks."""

@@ -40,6 +40,8 @@ class ConsoleLogger:
         self._start_step, self._max_steps = start_step, max_steps
         print(f"verl: run directory {run_dir}" + (f" (resumed at step {start_step})" if start_step else ""),
               flush=True)
+        if getattr(config, "profile", ""):
+            print(f"verl: defaults: {config.profile}", flush=True)
         if sys.stdout.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

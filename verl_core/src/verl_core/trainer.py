@@ -22,6 +22,7 @@ import torch
 from verl_core.checkpoint import CheckpointError, CheckpointManager
 from verl_core.config import (
     Config,
+    ConfigError,
     apply_overrides,
     config_to_dict,
     dump_toml,
@@ -29,13 +30,13 @@ from verl_core.config import (
     resolve_config,
 )
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
-from verl_core.data import PromptSampler, build_datasets
+from verl_core.data import HUB_ID, PromptSampler, build_datasets, check_data_source
 from verl_core.hooks import build_plugin_manager
 from verl_core.interfaces import ModelSpec, RewardScorer, Role
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_weight_sync, guard_limit, sync_rollout_weights
 
-__all__ = ["Trainer", "resolve_model_path"]
+__all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX"]
 
 
 def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
@@ -47,6 +48,40 @@ def resolve_model_path(path: str, registry: PluginRegistry | None = None) -> str
     if path.startswith(BUILTIN_PREFIX):
         return str(load_builtin(registry or PluginRegistry(), "model", path, key="model.path").model_dir())
     return path
+
+
+#: How a run's config records a model, tokenizer or critic given to :class:`Trainer` as an object.
+OBJECT_PREFIX = "<object: "
+
+
+def object_source(obj: Any) -> str:
+    """The config entry of an object given to :class:`Trainer`: ``"<object: Qwen2ForCausalLM from '/m/q'>"``."""
+    origin = getattr(obj, "name_or_path", "")
+    return f"{OBJECT_PREFIX}{type(obj).__name__}{f' from {origin!r}' if isinstance(origin, str) and origin else ''}>"
+
+
+def check_model_source(path: str, key: str, *, need_config: bool = True, argument: str = "model") -> None:
+    """Refuse a model (or tokenizer) path that cannot load, before anything does (:class:`ConfigError` on ``key``).
+
+    A local path must be a directory, holding ``config.json`` when ``need_config``; a Hub id (``owner/name``)
+    is left to ``from_pretrained`` where a network exists. An object's entry (:func:`object_source`) asks
+    for the object again, as ``Trainer(..., argument=...)``.
+    """
+    if path.startswith(OBJECT_PREFIX):
+        raise ConfigError(key, f"the run was given {path}, and a config or checkpoint cannot rebuild an object; pass "
+                               f"it again: Trainer.from_checkpoint(run_dir, {argument}=...), or set {key} to a "
+                               f"model directory")
+    where = Path(path).expanduser()
+    if where.is_dir():
+        if need_config and not (where / "config.json").is_file():
+            raise ConfigError(key, f"{path!r} has no config.json, so it is not a Hugging Face model directory "
+                                   f"(save_pretrained writes one)")
+    elif where.exists():
+        raise ConfigError(key, f"{path!r} is a file; give a Hugging Face model directory (save_pretrained output)")
+    elif path.startswith(("/", ".", "~")) or not HUB_ID.match(path):
+        raise ConfigError(key, f"{path!r} does not exist; give a local Hugging Face model directory, a builtin: "
+                               f"model such as builtin:tiny-qwen2-addition, or a Hub id (owner/name) where a "
+                               f"network exists")
 
 
 #: Every algorithm's config before Core v2 (now PPOFamilyConfig), with the old defaults.
@@ -82,8 +117,14 @@ class Trainer:
     Args:
         config: the resolved configuration.
         registry: plugin registry (a fresh one reading installed entry points by default).
-        model: an already loaded Hugging Face causal LM to train instead of ``config.model.path``.
-        tokenizer: an already loaded tokenizer (default: from the model directory).
+        model: an already loaded Hugging Face causal LM to train instead of ``config.model.path``. The
+            config records it (:func:`object_source`) and takes its defaults from it, not from a ``builtin:``
+            model's preset: prompt and response lengths that fit its ``max_position_embeddings``.
+        tokenizer: an already loaded tokenizer (default: from the model directory; needed with ``model``).
+        critic_model: an already loaded model the critic starts from, instead of ``config.model.critic_path``
+            (see :class:`~verl_core.config.ModelConfig`); only for algorithms with a critic.
+
+    A run given objects records them as ``"<object: ...>"``; resuming it needs them passed again.
 
     Example:
         >>> trainer = Trainer.from_config(overrides=["run.max_steps=5"])  # doctest: +SKIP
@@ -91,10 +132,13 @@ class Trainer:
     """
 
     def __init__(self, config: Config, *, registry: PluginRegistry | None = None, model: Any = None,
-                 tokenizer: Any = None) -> None:
-        self.config = config
+                 tokenizer: Any = None, critic_model: Any = None) -> None:
         self.registry = registry or PluginRegistry()
+        if model is not None or tokenizer is not None or critic_model is not None:
+            config = self._with_objects(config, model=model, tokenizer=tokenizer, critic=critic_model)
+        self.config = config
         self._model_obj = model
+        self._critic_obj = critic_model
         self.tokenizer = tokenizer
         self.run_dir = Path(config.run.output_dir)
         self.step = 0
@@ -124,6 +168,16 @@ class Trainer:
         raw = apply_overrides(_without_v1_algorithm_keys(load_raw_config(config_file), registry), overrides)
         return cls(resolve_config(raw, registry), registry=registry, **kwargs)
 
+    def _with_objects(self, config: Config, *, model: Any, tokenizer: Any, critic: Any) -> Config:
+        """The config re-resolved for objects: their entries recorded, the model's own defaults under the user's."""
+        raw = json.loads(json.dumps(config.raw if config.raw is not None else config_to_dict(config)))
+        section = raw.setdefault("model", {})
+        for key, obj in (("path", model), ("tokenizer", tokenizer), ("critic_path", critic)):
+            if obj is not None:
+                section[key] = object_source(obj)
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        return resolve_config(raw, self.registry, max_positions=positions)
+
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         """Load data, models and engines; restore a checkpoint when resuming."""
@@ -134,16 +188,21 @@ class Trainer:
         torch.set_num_threads(threads)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
-
         model_path = (resolve_model_path(cfg.model.path, self.registry) if self._model_obj is None
                       else (cfg.model.path or ""))
         tok_path = cfg.model.tokenizer or model_path
+        self._check_sources(model_path, tok_path)
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.model.trust_remote_code)
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(tok_path,
+                                                               trust_remote_code=cfg.model.trust_remote_code)
+            except (OSError, ValueError) as exc:
+                raise ConfigError("model.tokenizer" if cfg.model.tokenizer else "model.path",
+                                  f"cannot load a tokenizer from {tok_path!r}: {exc}") from exc
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token_id is None:
                 raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
@@ -158,28 +217,33 @@ class Trainer:
         self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
 
-        self.train_rows, self.val_rows = self._load_data()
+        self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
+        needs = self.algorithm.requirements()
+        self.critic_spec = self._critic_spec(needs.critic)
+        self.train_rows, self.val_rows = self._load_data(needs.data)
         self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
                                      shuffle=cfg.data.shuffle)
+        #: Steps in total: run.max_steps, or run.epochs passes over the prompts (a short last batch is dropped).
+        self.max_steps = (cfg.run.epochs * (len(self.train_rows) // cfg.data.batch_size) if cfg.run.epochs
+                          else cfg.run.max_steps)
         # Every data_source's reward is resolved now: a missing one fails before any model loads.
         self.reward: RewardScorer = self.registry.load("scorer", cfg.reward.name)(
             config=cfg.reward.config, registry=self.registry, tokenizer=self.tokenizer,
             data_sources={r["data_source"] for r in (*self.train_rows, *self.val_rows)})
 
-        self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
         backend_config = cfg.backend.config
         if not backend_config.total_training_steps:
             # The length of a cosine schedule; a copy, so the saved config still says "follow max_steps".
-            backend_config = dataclasses.replace(backend_config, total_training_steps=cfg.run.max_steps)
+            backend_config = dataclasses.replace(backend_config, total_training_steps=self.max_steps)
         backend = self.registry.load("backend", cfg.backend.name)(backend_config)
         self.executor = self.registry.load("executor", cfg.executor.name)(cfg.executor.config)
         self.executor.use_plugins([("backend", cfg.backend.name), ("rollout", cfg.rollout.name),
                                    ("algorithm", cfg.algorithm.name)])
-        needs = self.algorithm.requirements()
 
         def group(role: Role) -> Any:
             # A partial, not a closure over the trainer: executors may pickle it into worker processes.
-            factory = functools.partial(_create_worker, backend, role, self.model_spec, cfg.run.seed)
+            spec = self.critic_spec if role is Role.CRITIC else self.model_spec
+            factory = functools.partial(_create_worker, backend, role, spec, cfg.run.seed)
             return self.executor.create_group(role=role, factory=factory)
 
         try:
@@ -209,6 +273,33 @@ class Trainer:
                 raise
         self._ready = True
 
+    def _check_sources(self, model_path: str, tok_path: str) -> None:
+        """Paths that cannot load fail here, naming their key, not later as a traceback from transformers."""
+        cfg = self.config
+        if self._model_obj is None:
+            check_model_source(model_path, "model.path")
+        elif self.tokenizer is None and not cfg.model.tokenizer:
+            raise ConfigError("model.tokenizer", "a model given as an object needs its tokenizer: pass tokenizer= "
+                                                 "too, or set model.tokenizer to a tokenizer directory")
+        if self.tokenizer is None and cfg.model.tokenizer:
+            check_model_source(tok_path, "model.tokenizer", need_config=False, argument="tokenizer")
+        for key, spec in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+            check_data_source(spec, key)
+
+    def _critic_spec(self, needed: bool) -> ModelSpec:
+        """Where the critic starts: ``critic_model=`` or ``model.critic_path``, else the actor's model."""
+        path = self.config.model.critic_path
+        if self._critic_obj is None and not path:
+            return self.model_spec
+        if not needed:
+            raise ConfigError("model.critic_path", f"algorithm {self.config.algorithm.name!r} trains no critic; "
+                                                   f"leave model.critic_path and critic_model= out, or use one "
+                                                   f"with a critic (ppo)")
+        if self._critic_obj is None:
+            path = resolve_model_path(path, self.registry)
+            check_model_source(path, "model.critic_path", argument="critic_model")
+        return dataclasses.replace(self.model_spec, path=path, module=self._critic_obj)
+
     def _start_reward_model(self, backend: Any, path: str) -> None:
         """Start the ``reward_model`` worker group on the training backend and hand it to the scorer."""
         from transformers import AutoTokenizer
@@ -220,8 +311,8 @@ class Trainer:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
         self.reward.attach_reward_model(group, tokenizer)
 
-    def _load_data(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer, self.registry)
+    def _load_data(self, format: str = "prompts") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer, self.registry, format=format)
         return train, val
 
     def _resume(self) -> None:
@@ -248,11 +339,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def train(self) -> dict[str, float]:
-        """Run until ``run.max_steps``; returns the last metrics (validation included)."""
+        """Run until ``run.max_steps`` (or ``run.epochs``); returns the last metrics (validation included)."""
         self.setup()
         cfg = self.config.run
         hook = self.hooks.hook
-        hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=cfg.max_steps)
+        hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=self.max_steps)
         hook.verl_metrics(step=self.step, metrics=dict(self.data_stats))  # prompts kept, dropped, truncated
         last: dict[str, float] = {}
         status, error = "completed", None
@@ -260,7 +351,7 @@ class Trainer:
             if self.step == 0 and cfg.val_before_train and self.val_rows:
                 last.update(self.validate())
             validated_at = self.step
-            while self.step < cfg.max_steps:
+            while self.step < self.max_steps:
                 self.step += 1
                 hook.verl_step_start(step=self.step)
                 try:
@@ -277,7 +368,7 @@ class Trainer:
                 last.update(metrics)
                 hook.verl_step_end(step=self.step, metrics=metrics)
                 hook.verl_metrics(step=self.step, metrics=metrics)
-                final = self.step == cfg.max_steps
+                final = self.step == self.max_steps
                 if self.val_rows and (final or (cfg.val_every and self.step % cfg.val_every == 0)):
                     last.update(self.validate())
                     validated_at = self.step
@@ -381,6 +472,9 @@ class Trainer:
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
             (tmp / "config.toml").write_text(dump_toml(config_to_dict(self.config)))
 
-        path = self.checkpoints.save(self.step, write, info={"model": self.model_spec.path})
+        info = {"model": self.model_spec.path}
+        if self.critic is not None:
+            info["critic"] = self.critic_spec.path
+        path = self.checkpoints.save(self.step, write, info=info)
         self.hooks.hook.verl_checkpoint_saved(step=self.step, path=path)
         return path

@@ -4,7 +4,8 @@ Everything is built locally, with no downloads, so the framework can be tried en
 
 * a character-level tokenizer (:func:`build_tokenizer`) over ``0-9 + =`` with a trivial chat template, so the
   token ids are the same in SFT, in every rollout engine and in the reward;
-* the data set (:func:`make_dataset`): all 8100 sums ``a+b`` with ``a, b`` in ``10..99`` in the verl row format;
+* the data set (:func:`make_dataset`): all 8100 sums ``a+b`` with ``a, b`` in ``10..99`` in the verl row format,
+  and preference pairs derived from it (:func:`preference_pairs`: chosen = the sum, rejected = a near miss);
 * a ~0.5M-parameter Qwen2 (:func:`build_model`), which every backend and rollout engine understands;
 * a short supervised warm start (:func:`warm_start`) that leaves the model clearly above zero but far from perfect,
   so that GRPO has a reward signal to start from and room to improve;
@@ -41,6 +42,7 @@ __all__ = [
     "ensure_builtin_model",
     "evaluate_greedy",
     "make_dataset",
+    "preference_pairs",
     "reward",
     "warm_start",
 ]
@@ -141,6 +143,30 @@ def make_dataset(*, seed: int = SEED, n_test: int = 500) -> tuple[list[dict], li
     ]
     n_train = len(rows) - n_test
     return rows[:n_train], rows[n_train:]
+
+
+def preference_pairs(rows: Sequence[dict], *, seed: int = SEED) -> list[dict]:
+    """The rows of :func:`make_dataset` with a preferred and a dispreferred response, for DPO, KTO and ORPO.
+
+    ``chosen`` is the sum and ``rejected`` a near miss: off by 1 to 10, or one digit changed (never
+    negative, never the sum). A row's wrong answer depends only on ``seed`` and its ``extra_info.index``,
+    so a split gives the same pairs however often, and in whatever order, it is built.
+    """
+    out = []
+    for row in rows:
+        answer = int(row["reward_model"]["ground_truth"])
+        rng = random.Random(seed * 1_000_003 + row["extra_info"]["index"])
+        while True:
+            if rng.random() < 0.5:
+                wrong = answer + rng.choice([-1, 1]) * rng.randint(1, 10)
+            else:
+                digits = list(str(answer))
+                digits[rng.randrange(len(digits))] = str(rng.randrange(10))
+                wrong = int("".join(digits))
+            if wrong != answer and wrong >= 0:
+                break
+        out.append({**row, "chosen": str(answer), "rejected": str(wrong)})
+    return out
 
 
 def build_model(tokenizer: transformers.PreTrainedTokenizerBase, *, seed: int = SEED) -> transformers.Qwen2ForCausalLM:

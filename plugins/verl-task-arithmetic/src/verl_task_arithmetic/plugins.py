@@ -4,7 +4,7 @@
   Qwen2 built and cached by :func:`~verl_task_arithmetic.addition.ensure_builtin_model`, with the settings
   it was tuned with as its preset;
 * ``builtin:addition`` (``verl.datasets``): :class:`Addition`, all 8100 two-digit sums split into train
-  and a 500-row test split;
+  and a 500-row test split, as prompts or as preference pairs;
 * ``arithmetic`` (``verl.rewards``): :func:`arithmetic_reward`, exact match of the sum;
 * ``arithmetic`` (``verl.environments``): :class:`ArithmeticEnvironment`, the same task through the
   multi-turn interface.
@@ -41,17 +41,25 @@ class TinyQwen2Addition(ModelProvider):
 
 
 class Addition(DatasetProvider):
-    """``builtin:addition``: ``train`` (7600 rows) and ``test`` (500 held-out rows; also ``validation``)."""
+    """``builtin:addition``: ``train`` (7600 rows) and ``test`` (500 held-out rows; also ``validation``).
+
+    As ``"preference_pairs"`` (what DPO, KTO and ORPO ask for) every row also has ``chosen`` (the sum) and
+    ``rejected`` (a near miss) responses, so ``verl run --algo dpo`` needs no data of its own.
+    """
 
     splits = ("train", "test")
+    formats = ("prompts", "preference_pairs")
 
-    def rows(self, *, split: str) -> list[dict[str, Any]]:
-        from verl_task_arithmetic.addition import make_dataset
+    def rows(self, *, split: str, format: str = "prompts") -> list[dict[str, Any]]:
+        from verl_task_arithmetic.addition import make_dataset, preference_pairs
 
         if split not in ("train", "test", "validation", "val"):
             raise ValueError(f"builtin:addition has no split {split!r}; splits: train, test")
+        if format not in self.formats:
+            raise ValueError(f"builtin:addition has no {format!r} rows; formats: {', '.join(self.formats)}")
         train, test = make_dataset(seed=0)
-        return train if split == "train" else test
+        rows = train if split == "train" else test
+        return preference_pairs(rows) if format == "preference_pairs" else rows
 
 
 def arithmetic_reward(response: str, ground_truth: Any) -> float:
