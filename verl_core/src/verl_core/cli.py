@@ -47,7 +47,7 @@ _FLAG_KEYS = {
     "backend": "backend.name", "rollout": "rollout.name", "algo": "algorithm.name", "model": "model.path",
     "data": "data.train", "output_dir": "run.output_dir", "max_steps": "run.max_steps", "save_every": "run.save_every",
     "resume": "run.resume", "seed": "run.seed", "executor": "executor.name", "nnodes": "executor.nnodes",
-    "procs_per_node": "executor.procs_per_node",
+    "procs_per_node": "executor.procs_per_node", "env": "environment.name",
 }
 
 
@@ -86,6 +86,8 @@ def run(
     executor: Optional[str] = typer.Option(None, help="Executor plugin: local (default, one process) or ray."),
     nnodes: Optional[int] = typer.Option(None, help="Nodes per worker group (multi-process executors)."),
     procs_per_node: Optional[int] = typer.Option(None, help="Worker processes per node (multi-process executors)."),
+    env: Optional[str] = typer.Option(None, help="Multi-turn environment plugin (e.g. tools); runs its built-in "
+                                      "task unless --model/--data say otherwise."),
 ) -> None:
     """Train. With no arguments: GRPO on the built-in addition task with a tiny model."""
     options = locals()
@@ -124,7 +126,7 @@ def config_show(
     max_steps: Optional[int] = typer.Option(None), save_every: Optional[int] = typer.Option(None),
     resume: Optional[str] = typer.Option(None), seed: Optional[int] = typer.Option(None),
     executor: Optional[str] = typer.Option(None), nnodes: Optional[int] = typer.Option(None),
-    procs_per_node: Optional[int] = typer.Option(None),
+    procs_per_node: Optional[int] = typer.Option(None), env: Optional[str] = typer.Option(None),
 ) -> None:
     """Print the resolved config (same arguments as `verl run`) as TOML, after a comment naming its defaults profile."""
     options = locals()

@@ -230,6 +230,8 @@ CORE_SECTIONS: dict[str, ConfigSection] = {
     "rollout": ConfigSection(plugin_kind="rollout", default="hf"),
     "algorithm": ConfigSection(plugin_kind="algorithm", default="grpo"),
     "executor": ConfigSection(plugin_kind="executor", default="local"),
+    # [environment]: a multi-turn environment plugin and its settings (none by default).
+    "environment": ConfigSection(plugin_kind="environment", default=""),
 }
 
 
@@ -374,6 +376,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
     sections = config_sections(registry, used=list(raw))
     known = list(sections)
     user = raw
+    raw = _with_environment_task(raw, registry)
     model = raw.get("model") if isinstance(raw.get("model"), Mapping) else {}
     path = str(model.get("path", ModelConfig.path))
     if path.startswith("builtin:"):
@@ -413,6 +416,21 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
     return Config(built, sections, raw=user, profile=profile)
+
+
+def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str, Any]:
+    """Layer the selected environment's built-in task (``Environment.task``) under the user's settings."""
+    env = raw.get("environment") if isinstance(raw.get("environment"), Mapping) else {}
+    name = env.get("name")
+    if not name or not isinstance(name, str):
+        return raw
+    task = getattr(registry.load("environment", name), "task", None) or {}
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    for section, values in task.items():
+        current = out.setdefault(section, {})
+        if isinstance(current, Mapping):
+            out[section] = {**values, **current}
+    return out
 
 
 def _with_model_preset(raw: Mapping[str, Any], registry: Any,

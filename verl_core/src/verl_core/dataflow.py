@@ -83,6 +83,9 @@ class StepContext:
         rollout_name: the rollout engine's plugin name, for messages.
         engine_released: the rollout stage released the engine's memory; the trainer reacquires it
             before the weight sync.
+        make_environment: creates one environment per trajectory when the run has one
+            (``[environment]``); the rollout stage then runs the multi-turn loop.
+        environment_config: that environment's settings (max turns, token budget, concurrency).
     """
 
     step: int
@@ -103,6 +106,8 @@ class StepContext:
     log_prob_gap_action: str = "error"
     rollout_name: str = ""
     engine_released: bool = False
+    make_environment: Callable[[], Any] | None = None
+    environment_config: Any = None
 
 
 class Dataflow:

@@ -46,6 +46,7 @@ __all__ = [
     "RewardError",
     "RewardScorer",
     "Environment",
+    "EnvironmentConfig",
     "ModelProvider",
     "DatasetProvider",
     "StepResult",
@@ -693,8 +694,46 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class EnvironmentConfig:
+    """Settings of the multi-turn loop every environment has (``[environment]``). Environments
+    subclass it to add their own.
+
+    Attributes:
+        max_turns: model turns per trajectory at most.
+        max_response_tokens: response tokens per trajectory, model and environment together; 0
+            means ``rollout.max_new_tokens`` (the budget of one turn) times ``max_turns``.
+        concurrency: environment steps (tool calls) run at once.
+    """
+
+    max_turns: int = 4
+    max_response_tokens: int = 0
+    concurrency: int = 8
+
+    def validate(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError("max_turns: must be at least 1")
+        if self.max_response_tokens < 0:
+            raise ValueError("max_response_tokens: must be >= 0 (0: rollout.max_new_tokens x max_turns)")
+        if self.concurrency < 1:
+            raise ValueError("concurrency: must be at least 1")
+
+
 class Environment(abc.ABC):
-    """A multi-turn environment: reset with a task, then step with each policy response."""
+    """A multi-turn environment, created once per trajectory: reset with a task, then step with
+    each model turn (:mod:`verl_core.agent_loop` drives it from the rollout stage).
+
+    ``reset``, ``step`` and ``close`` may be coroutines. An environment that offers tools returns
+    their OpenAI-style function schemas from :meth:`tools`; the chat template gets them as ``tools=``.
+    ``task`` is the built-in task ``verl run --env NAME`` runs (settings by section, layered under
+    the user's, e.g. ``{"model": {"path": "builtin:..."}, "data": {"train": "builtin:..."}}``).
+    """
+
+    Config: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
+    task: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __init__(self, config: EnvironmentConfig | None = None) -> None:
+        self.config = config if config is not None else self.Config()
 
     @abc.abstractmethod
     def reset(self, *, prompt: list[dict[str, str]], extra_info: dict[str, Any]) -> list[dict[str, str]]:
@@ -702,7 +741,16 @@ class Environment(abc.ABC):
 
     @abc.abstractmethod
     def step(self, response: str) -> StepResult:
-        """Apply the policy's response; return the next observation, reward and whether it ended."""
+        """Apply the policy's turn (its text, without the stop token); return the observation
+        messages to append (``None`` with ``done``), a reward for this turn, and whether it ended.
+        ``info["tool_error"]`` counts a failed tool call in the metrics."""
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        """Function schemas of the tools this environment offers (None: no tools)."""
+        return None
+
+    def close(self) -> None:
+        """Release what the episode holds (processes, files)."""
 
 
 # ----------------------------------------------------------------------------- executors

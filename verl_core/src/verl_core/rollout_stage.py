@@ -14,8 +14,10 @@
 5. **release**: an engine that can free its memory (``supports_memory_release``) does so until the
    trainer's closing weight sync wakes it.
 
-Algorithms never re-implement these steps; they ask for options through the request. A multi-turn
-environment loop belongs between 1 and 2 (the environment issue adds it here, once, for all).
+Algorithms never re-implement these steps; they ask for options through the request. With an
+environment (``[environment]``), step 1 is the multi-turn loop of :mod:`verl_core.agent_loop`: the
+batch then holds whole trajectories with tool output masked out, and the environment's per-turn
+rewards are added to the reward stage's scores (on the turns' last tokens).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verl_core.agent_loop import ENV_REWARDS, run_episodes
 from verl_core.algorithms.functional import scores_to_token_rewards
 from verl_core.batch import Batch
 from verl_core.interfaces import RolloutRequest
@@ -71,7 +74,11 @@ def _timed_add(ctx: "StepContext", key: str, start: float) -> None:
 
 def _generate(ctx: "StepContext", prompts, sampling) -> Batch:
     start = time.perf_counter()
-    batch = generate_batch(ctx.rollout, prompts, sampling)
+    if ctx.make_environment is not None:
+        batch = run_episodes(ctx.rollout, prompts, sampling, ctx.make_environment, ctx.environment_config,
+                             pad_id=ctx.rollout.tokenizer.pad_token_id, metrics=ctx.metrics)
+    else:
+        batch = generate_batch(ctx.rollout, prompts, sampling)
     _timed_add(ctx, "timing/generate", start)
     return batch
 
@@ -81,6 +88,13 @@ def _score(ctx: "StepContext", batch: Batch, *, record: bool = True) -> dict[str
     start = time.perf_counter()
     scores, metrics = ctx.reward.score(batch)
     _timed_add(ctx, "timing/reward", start)
+    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
+    env_rewards = batch.extras.get(ENV_REWARDS)
+    if env_rewards is not None:  # the environment's per-turn rewards join the reward stage's
+        token_rewards = token_rewards + env_rewards
+        scores = scores + env_rewards.sum(-1)
+        if record:
+            ctx.metrics["env/reward_mean"] = float(env_rewards.sum(-1).mean())
     if record:
         lengths = batch.response_attention_mask.sum(-1).float()
         ctx.metrics.update(metrics)
@@ -91,7 +105,7 @@ def _score(ctx: "StepContext", batch: Batch, *, record: bool = True) -> dict[str
             "response_length/mean": float(lengths.mean()),
             "response_length/clip_frac": sum(r == "length" for r in batch.finish_reasons) / max(1, len(lengths)),
         })
-    return {"scores": scores, "token_rewards": scores_to_token_rewards(scores, batch.response_mask)}
+    return {"scores": scores, "token_rewards": token_rewards}
 
 
 def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from verl_core.agent_loop import ENV_REWARDS, run_episodes
 from verl_core.checkpoint import CheckpointError, CheckpointManager
 from verl_core.config import (
     Config,
@@ -219,6 +220,10 @@ class Trainer:
 
         self.algorithm = self.registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
         needs = self.algorithm.requirements()
+        env = cfg.environment
+        # One environment per trajectory (a partial, so it pickles like the worker factories).
+        self.make_environment = (functools.partial(self.registry.load("environment", env.name), env.config)
+                                 if env.name else None)
         self.critic_spec = self._critic_spec(needs.critic)
         self.train_rows, self.val_rows = self._load_data(needs.data)
         self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
@@ -398,7 +403,8 @@ class Trainer:
                           rollout=self.rollout, reward=self.reward, sampling=sampling, critic=self.critic,
                           reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts,
                           max_log_prob_gap=self.max_log_prob_gap, log_prob_gap_action=rc.log_prob_gap_action,
-                          rollout_name=self.config.rollout.name)
+                          rollout_name=self.config.rollout.name, make_environment=self.make_environment,
+                          environment_config=self.config.environment.config)
         try:
             self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
         finally:
@@ -443,15 +449,25 @@ class Trainer:
         meta: dict[str, list[Any]] = {"ground_truth": [], "data_source": [], "extra_info": [], "prompt_text": [],
                                       "prompt_messages": []}
         start = time.perf_counter()
+        env_rewards = []
         for s in range(0, len(rows), chunk):
             part = rows[s:s + chunk]
-            out = self.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling)
-            texts += self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+            if self.make_environment is not None:  # whole trajectories, tools and all
+                batch = run_episodes(self.rollout, part, sampling, self.make_environment,
+                                     self.config.environment.config, pad_id=self.tokenizer.pad_token_id)
+                texts += self.tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(
+                    batch.response_ids, batch.response_attention_mask)], skip_special_tokens=True)
+                env_rewards.append(batch.extras[ENV_REWARDS].sum(-1))
+            else:
+                out = self.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling)
+                texts += self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
             for r in part:
                 for _ in range(sampling.n):
                     for k in meta:
                         meta[k].append(r.get(k))
         scores, reward_metrics = self.reward.score_texts(texts, meta)
+        if env_rewards:
+            scores = scores + torch.cat(env_rewards)
         metrics = {"val/reward_mean": float(scores.mean()), "val/samples": float(len(texts)),
                    "timing/validation": time.perf_counter() - start}
         metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items() if k.endswith("/mean")})

@@ -70,7 +70,8 @@ def arithmetic_reward(response: str, ground_truth: Any) -> float:
 class ArithmeticEnvironment(Environment):
     """One question, one answer: the reward is 1 when the answer equals the ground truth."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
         self._truth: str | None = None
 
     def reset(self, *, prompt: list[dict[str, str]], extra_info: dict[str, Any]) -> list[dict[str, str]]:

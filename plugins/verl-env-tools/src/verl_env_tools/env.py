@@ -1,0 +1,96 @@
+"""``tools`` (``verl.environments``): tool calling with a calculator and a sandboxed Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_core.interfaces import Environment, EnvironmentConfig, StepResult
+
+from verl_env_tools.parsing import ToolCallError, load_parser
+from verl_env_tools.tools import TOOLS, ToolError
+
+__all__ = ["ToolsEnvironment", "ToolsConfig"]
+
+
+@dataclass
+class ToolsConfig(EnvironmentConfig):
+    """``[environment]`` with ``name = "tools"``.
+
+    Attributes:
+        tools: the tools offered (``calculator``, ``python``); ``[]`` offers none (a control run:
+            the model must answer alone, and any call it makes is an error).
+        parser: how tool calls are read: ``"hermes"`` or ``"package.module:function"``.
+        cpu_s, wall_s, memory_mb, max_output: the Python sandbox's limits per call.
+        allow_network: run Python code even where the machine cannot isolate the sandbox's network.
+    """
+
+    max_turns: int = 2
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
+    parser: str = "hermes"
+    cpu_s: int = 2
+    wall_s: float = 5.0
+    memory_mb: int = 512
+    max_output: int = 2000
+    allow_network: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        unknown = [t for t in self.tools if t not in TOOLS]
+        if unknown:
+            raise ValueError(f"tools: unknown {unknown}; the tools are {sorted(TOOLS)}")
+        load_parser(self.parser)
+        if self.cpu_s < 1 or self.wall_s <= 0 or self.memory_mb < 16 or self.max_output < 1:
+            raise ValueError("cpu_s/wall_s/memory_mb/max_output: must be positive (memory_mb >= 16)")
+        if "python" in self.tools and not self.allow_network:
+            from verl_env_tools.sandbox import network_isolation_available
+
+            if not network_isolation_available():
+                raise ValueError("tools: the python tool needs a network namespace, which this machine does not "
+                                 "allow; set environment.allow_network = true to run it with network access")
+
+
+class ToolsEnvironment(Environment):
+    """Each model turn either calls tools (Hermes ``<tool_call>`` blocks, answered as ``tool``
+    messages) or is the final answer (the trajectory ends; the reward function scores it).
+
+    A call that cannot be parsed, names an unknown tool, or fails (an exception, a timeout, a
+    sandbox limit) is answered with ``error: ...`` so the model can recover, and counted in
+    ``env/tool_errors``; the run goes on.
+    """
+
+    Config = ToolsConfig
+    task = {
+        "model": {"path": "builtin:tiny-qwen2-tools"},
+        "data": {"train": "builtin:tool-arithmetic"},
+    }
+
+    def __init__(self, config: ToolsConfig | None = None) -> None:
+        super().__init__(config)
+        self._parse = load_parser(self.config.parser)
+        self._tools = {name: TOOLS[name] for name in self.config.tools}
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        return [t.schema() for t in self._tools.values()] or None
+
+    def reset(self, *, prompt: list[dict[str, str]], extra_info: dict[str, Any]) -> list[dict[str, str]]:
+        return list(prompt)
+
+    def step(self, response: str) -> StepResult:
+        try:
+            calls = self._parse(response)
+        except ToolCallError as exc:
+            return StepResult([{"role": "tool", "content": f"error: {exc}"}], 0.0, False, {"tool_error": True})
+        if not calls:
+            return StepResult(None, 0.0, True)
+        observations, failed = [], False
+        for call in calls:
+            tool = self._tools.get(call.name)
+            try:
+                if tool is None:
+                    raise ToolError(f"no tool named {call.name!r}; the tools are {sorted(self._tools) or 'none'}")
+                content = tool(call.arguments, self.config)
+            except Exception as exc:  # a broken tool answers with its error, the run goes on
+                content, failed = f"error: {exc}", True
+            observations.append({"role": "tool", "name": call.name, "content": content})
+        return StepResult(observations, 0.0, False, {"tool_error": failed})
