@@ -132,7 +132,7 @@ def test_third_party_algorithm_runs_through_cli(plugin_site, tmp_path, run_verl)
 
     fired = set((tmp_path / "hooks.txt").read_text().split())
     specs = {name for name in vars(HookSpecs) if name.startswith("verl_")}
-    assert fired == specs
+    assert fired == specs - {"verl_run_rewound"}  # only after a worker restart (tests/test_faults.py)
 
 
 def test_every_hook_is_documented():

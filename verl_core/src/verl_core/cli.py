@@ -21,6 +21,10 @@ app.add_typer(plugins_app, name="plugins")
 app.add_typer(config_app, name="config")
 
 USER_ERROR_EXIT = 2
+#: A run that started and failed (diverged, a dead worker past run.max_restarts, a checkpoint that
+#: cannot be written, a server that stopped answering). Preempted runs exit with
+#: verl_core.signals.PREEMPTED_EXIT (75), runs stopped at once by a signal with 128 + its number.
+RUN_FAILED_EXIT = 1
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -93,23 +97,37 @@ def run(
     options = locals()
 
     def go() -> None:
+        import signal
+
+        from verl_core.checkpoint import CheckpointWriteError
+        from verl_core.engine_kit import ServerError
         from verl_core.interfaces import WorkerFailedError
         from verl_core.rollout_utils import WeightSyncError
+        from verl_core.signals import PREEMPTED_EXIT, Preempted
         from verl_core.trainer import Trainer
 
         cfg, registry = _collect(options)
         trainer = Trainer(cfg, registry=registry)
         try:
             metrics = trainer.train()
-        except KeyboardInterrupt:
-            typer.secho("interrupted; the last complete checkpoint is kept", err=True)
-            raise typer.Exit(130) from None
+        except Preempted as exc:
+            typer.secho(f"verl: {exc}", err=True)
+            raise typer.Exit(PREEMPTED_EXIT) from None
+        except KeyboardInterrupt as exc:
+            signum = getattr(exc, "signum", signal.SIGINT)
+            typer.secho(f"interrupted ({signal.Signals(signum).name}); the last complete checkpoint is kept", err=True)
+            raise typer.Exit(128 + signum) from None
         except FloatingPointError as exc:
             typer.secho(f"error: training diverged: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from None
-        except (WorkerFailedError, WeightSyncError) as exc:
+        except CheckpointWriteError as exc:
+            typer.secho(f"error: {exc}. Free space (or fix the disk) and run the same command again to resume, or "
+                        f"set run.on_checkpoint_error=\"continue\" to go on without checkpoints that fail",
+                        fg=typer.colors.RED, err=True)
+            raise typer.Exit(RUN_FAILED_EXIT) from None
+        except (WorkerFailedError, WeightSyncError, ServerError) as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(RUN_FAILED_EXIT) from None
         if "val/reward_mean" in metrics:
             typer.echo(f"final val/reward_mean {metrics['val/reward_mean']:.4f}")
 

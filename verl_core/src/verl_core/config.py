@@ -79,6 +79,15 @@ class RunConfig:
             threads than cores across processes makes everything many times slower).
         project: project name for experiment trackers.
         name: run name for experiment trackers (default: the output directory's name).
+        save_on_signal: on the first SIGTERM or Ctrl-C, finish the step, save a checkpoint and exit
+            with status 75 (a second signal stops at once); false: a signal stops at once, unsaved.
+        on_checkpoint_error: a checkpoint that cannot be written (full disk, I/O error) is removed and
+            ``latest`` kept; ``"stop"`` ends the run naming the path and the error, ``"continue"`` goes on
+            without it (counted in ``checkpoint/failed_saves``; the final checkpoint always stops).
+        on_corrupt_checkpoint: a checkpoint that fails its manifest on resume: ``"fallback"`` sets it
+            aside and resumes from the one before it; ``"error"`` refuses to start.
+        max_restarts: times a run may restart its worker groups after a worker process died and
+            resume from its last checkpoint, within the same ``verl run`` (multi-process executors).
     """
 
     output_dir: str = "runs/default"
@@ -95,8 +104,19 @@ class RunConfig:
     threads: int = 0
     project: str = "verl"
     name: str = ""
+    save_on_signal: bool = True
+    on_checkpoint_error: str = "stop"
+    on_corrupt_checkpoint: str = "fallback"
+    max_restarts: int = 0
 
     def validate(self) -> None:
+        if self.on_checkpoint_error not in ("stop", "continue"):
+            raise ConfigError("on_checkpoint_error", f"must be 'stop' or 'continue', got {self.on_checkpoint_error!r}")
+        if self.on_corrupt_checkpoint not in ("fallback", "error"):
+            raise ConfigError("on_corrupt_checkpoint", f"must be 'fallback' or 'error', got "
+                                                       f"{self.on_corrupt_checkpoint!r}")
+        if self.max_restarts < 0:
+            raise ConfigError("max_restarts", "must be >= 0 (0: a dead worker ends the run)")
         if self.max_steps < 0 or self.epochs < 0:
             raise ConfigError("epochs" if self.epochs < 0 else "max_steps", "must be >= 0")
         if self.save_every < 0 or self.val_every < 0:
@@ -153,6 +173,9 @@ class DataConfig:
             ``"truncate_middle"`` (cut tokens from that part of the prompt), or ``"error"``.
         apply_chat_template: render prompts with the tokenizer's chat template (false: the raw text).
         shuffle: reshuffle the training prompts every epoch (seeded).
+        max_bad_rows: rows that cannot be used (a line that is not JSON or not UTF-8, no prompt column, a
+            malformed prompt, a prompt over the limit with ``overlong="error"``) skipped per source and
+            counted in ``data/<train|val>_bad_rows``; one more stops the run naming them (0: the first stops it).
     """
 
     train: str = "builtin:addition"
@@ -170,8 +193,11 @@ class DataConfig:
     overlong: str = "filter"
     apply_chat_template: bool = True
     shuffle: bool = True
+    max_bad_rows: int = 0
 
     def validate(self) -> None:
+        if self.max_bad_rows < 0:
+            raise ConfigError("max_bad_rows", "must be >= 0 (0: the first bad row stops the run)")
         if self.batch_size < 1:
             raise ConfigError("batch_size", "must be at least 1 prompt per step")
         overlong = ("filter", "truncate_left", "truncate_right", "truncate_middle", "error")

@@ -14,13 +14,16 @@ Each loaded row becomes a dict with ``prompt_ids``, ``prompt_text``, ``prompt_me
 ``ground_truth``, ``data_source``, ``extra_info`` and ``raw`` (every column of the original row).
 Prompts are rendered with the tokenizer's chat template (or kept as raw text), and prompts longer than
 ``data.max_prompt_length`` are dropped and counted, truncated, or refused, as ``data.overlong`` says.
+Rows that cannot be used at all (a jsonl line that is not UTF-8 or not JSON, no prompt column, a
+malformed prompt, a prompt over the limit with ``overlong="error"``) stop the run, naming the row, or
+with ``data.max_bad_rows = N`` up to N of them per source are skipped and counted (``data/<split>_bad_rows``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,7 +45,7 @@ class DataError(ValueError):
 
 # ----------------------------------------------------------------------------- loading
 def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any = None,
-              format: str = "prompts") -> list[dict[str, Any]]:
+              format: str = "prompts", bad: list[str] | None = None) -> list[dict[str, Any]]:
     """Raw rows (plain dicts) from a ``builtin:`` dataset, a file, a dataset directory or a Hub id.
 
     Args:
@@ -54,6 +57,8 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
         registry: the plugin registry ``builtin:`` datasets are found in (a fresh one by default).
         format: the rows a ``builtin:`` dataset is asked for (:attr:`~verl_core.interfaces.Requirements.data`);
             other sources are read as they are.
+        bad: where a json/jsonl file's unreadable lines (not UTF-8, not JSON, not an object) are noted
+            and skipped; ``None`` raises at the first.
 
     Raises:
         DataError: the source does not exist, has an unsupported type, or lacks the split or the format.
@@ -75,7 +80,7 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
             raise DataError(f"{spec}: {exc}") from exc
     path = Path(spec).expanduser()
     if path.is_file():
-        return _read_file(path, spec)
+        return _read_file(path, spec, bad)
     check_data_source(spec)
     from datasets.utils import logging as ds_logging
 
@@ -100,7 +105,7 @@ def check_data_source(spec: str, key: str = "") -> None:
                     f"a dataset directory, a Hugging Face Hub id, or a builtin: dataset such as builtin:addition)")
 
 
-def _read_file(path: Path, spec: str) -> list[dict[str, Any]]:
+def _read_file(path: Path, spec: str, bad: list[str] | None = None) -> list[dict[str, Any]]:
     """One parquet / jsonl / json file, read without the ``datasets`` library.
 
     A file is read whole into dicts anyway, and importing ``datasets`` (with ``pyarrow``) would add
@@ -119,26 +124,38 @@ def _read_file(path: Path, spec: str) -> list[dict[str, Any]]:
         raise DataError(f"{spec}: unsupported file type {suffix!r}; use .parquet, .jsonl or .json")
     import json
 
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".json" and text.lstrip().startswith("["):
+    def skip(message: str) -> None:
+        if bad is None:
+            raise DataError(f"{spec}: {message} (set data.max_bad_rows to skip such rows)")
+        bad.append(message)
+
+    data = path.read_bytes()
+    if suffix == ".json" and data.lstrip().startswith(b"["):
         try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
+            rows = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DataError(f"{spec}: not valid JSON ({exc}); a .json file holds a list of row objects or one "
                             f"object per line") from exc
-    else:  # JSON lines (a .json file may hold them too)
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
+        numbered = [(f"row {i}", r) for i, r in enumerate(rows, 1)]
+    else:  # JSON lines (a .json file may hold them too), each decoded alone so one bad line costs one row
+        numbered = []
+        for number, raw in enumerate(data.splitlines(), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                skip(f"line {number} is not UTF-8 text ({exc})")
+                continue
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    numbered.append((f"line {number}", json.loads(line)))
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{spec}: line {number} is not valid JSON ({exc}); each line holds one row "
-                                    f"object") from exc
-    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-    if bad is not None:
-        raise DataError(f"{spec}: row {bad + 1} is not a JSON object; every row must be one, e.g. "
-                        f'{{"prompt": ..., "answer": ...}}')
+                    skip(f"line {number} is not valid JSON ({exc}); each line holds one row object")
+    rows = []
+    for where, r in numbered:
+        if isinstance(r, dict):
+            rows.append(r)
+        else:
+            skip(f"{where} is not a JSON object; every row must be one, e.g. {{\"prompt\": ..., \"answer\": ...}}")
     columns = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: r.get(k) for k in columns} for r in rows]
 
@@ -197,6 +214,8 @@ class PromptStats:
         truncated: prompts cut to ``data.max_prompt_length`` (``overlong="truncate_*"``).
         missing_ground_truth: kept rows with neither ``reward_model.ground_truth`` nor an answer column.
         raw_text_fallback: chat template asked for, but the tokenizer has none (raw text used).
+        bad: rows skipped as unusable (``data.max_bad_rows``), unreadable lines included.
+        bad_examples: what was wrong with the first few of them.
     """
 
     rows: int = 0
@@ -205,10 +224,23 @@ class PromptStats:
     truncated: int = 0
     missing_ground_truth: int = 0
     raw_text_fallback: bool = False
+    bad: int = 0
+    bad_examples: list[str] = field(default_factory=list)
 
     def metrics(self, prefix: str) -> dict[str, float]:
         return {f"data/{prefix}_prompts": float(self.kept), f"data/{prefix}_overlong_dropped": float(self.dropped),
-                f"data/{prefix}_overlong_truncated": float(self.truncated)}
+                f"data/{prefix}_overlong_truncated": float(self.truncated), f"data/{prefix}_bad_rows": float(self.bad)}
+
+    def skip_bad(self, message: str, *, source: str, limit: int) -> None:
+        """Count a bad row, or raise :class:`DataError` when it is one more than ``limit`` allows."""
+        if limit == 0:
+            raise DataError(f"{source}: {message} (set data.max_bad_rows to skip such rows)")
+        self.bad += 1
+        if len(self.bad_examples) < 3:
+            self.bad_examples.append(message)
+        if self.bad > limit:
+            raise DataError(f"{source}: more than data.max_bad_rows={limit} bad rows; the first: "
+                            f"{'; '.join(self.bad_examples)}. Fix the data, or raise data.max_bad_rows")
 
 
 def _ground_truth(row: dict[str, Any], answer_key: str) -> Any:
@@ -245,26 +277,39 @@ def _cut(ids: list[int], limit: int, mode: str) -> list[int]:
 def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: str = "prompt",
                 answer_key: str = "answer", max_prompt_length: int = 512, overlong: str = "filter",
                 apply_chat_template: bool = True, source: str = "data", system_prompt: str = "",
-                data_source: str = "") -> tuple[list[dict[str, Any]], PromptStats]:
+                data_source: str = "", max_bad_rows: int = 0, bad: Sequence[str] = ()
+                ) -> tuple[list[dict[str, Any]], PromptStats]:
     """Render and tokenize prompts (see the module docstring). Returns ``(rows, stats)``.
 
+    ``max_bad_rows`` rows that lack the prompt column, have a malformed prompt or (with
+    ``overlong="error"``) a prompt that is too long are skipped and counted; ``bad`` are the
+    unreadable lines the loader already skipped, counted against the same limit.
+
     Raises:
-        DataError: a row lacks the prompt column or has a malformed prompt, a prompt is too long with
-            ``overlong="error"``, or no row is left.
+        DataError: a bad row past ``max_bad_rows``, or no row is left.
     """
     if overlong not in OVERLONG_MODES:
         raise DataError(f"data.overlong={overlong!r}: use one of {list(OVERLONG_MODES)}")
-    stats = PromptStats(rows=len(rows))
+    stats = PromptStats(rows=len(rows) + len(bad))
+    for message in bad:
+        stats.skip_bad(message, source=source, limit=max_bad_rows)
     use_template = apply_chat_template and bool(getattr(tokenizer, "chat_template", None))
     stats.raw_text_fallback = apply_chat_template and not use_template
     texts: list[str] = []
     all_messages: list[list[dict[str, str]]] = []
+    usable: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
-        if prompt_key not in row:
-            raise DataError(f"{source}: row {i} has no {prompt_key!r} column; columns are {sorted(row)} "
-                            f"(set data.prompt_key)")
+        if prompt_key not in row or row[prompt_key] is None:
+            stats.skip_bad(f"row {i} has no {prompt_key!r} column; columns are "
+                           f"{sorted(k for k, v in row.items() if v is not None)} (set data.prompt_key)",
+                           source=source, limit=max_bad_rows)
+            continue
         prompt = row[prompt_key]
-        messages = _messages(prompt, source=source, index=i, prompt_key=prompt_key, system_prompt=system_prompt)
+        try:
+            messages = _messages(prompt, source=source, index=i, prompt_key=prompt_key, system_prompt=system_prompt)
+        except DataError as exc:
+            stats.skip_bad(str(exc).removeprefix(f"{source}: "), source=source, limit=max_bad_rows)
+            continue
         if use_template:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         elif isinstance(prompt, str) and not system_prompt:
@@ -273,16 +318,18 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
             text = "\n".join(m["content"] for m in messages)
         texts.append(text)
         all_messages.append(messages)
+        usable.append(row)
     # Chat templates write the special tokens themselves; raw text gets the tokenizer's own (e.g. BOS).
     encoded = tokenizer(texts, add_special_tokens=not use_template)["input_ids"] if texts else []
     out: list[dict[str, Any]] = []
-    for i, (row, text, messages, ids) in enumerate(zip(rows, texts, all_messages, encoded)):
+    for i, (row, text, messages, ids) in enumerate(zip(usable, texts, all_messages, encoded)):
         ids = list(ids)
         if len(ids) > max_prompt_length:
             if overlong == "error":
-                raise DataError(f"{source}: row {i} has a {len(ids)}-token prompt, longer than "
-                                f"data.max_prompt_length={max_prompt_length} (raise it, or set data.overlong to "
-                                f"'filter' or 'truncate_left')")
+                stats.skip_bad(f"row {i} has a {len(ids)}-token prompt, longer than data.max_prompt_length="
+                               f"{max_prompt_length} (raise it, or set data.overlong to 'filter' or 'truncate_left')",
+                               source=source, limit=max_bad_rows)
+                continue
             if overlong == "filter":
                 stats.dropped += 1
                 continue
@@ -299,7 +346,8 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
     stats.kept = len(out)
     if not out:
         raise DataError(f"{source}: no usable prompts ({stats.dropped} of {stats.rows} longer than "
-                        f"data.max_prompt_length={max_prompt_length}; raise it or set data.overlong='truncate_left')")
+                        f"data.max_prompt_length={max_prompt_length}, {stats.bad} bad; raise it or set "
+                        f"data.overlong='truncate_left')")
     return out, stats
 
 
@@ -323,19 +371,22 @@ def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format:
     ``stats`` holds ``data/...`` counts for the metrics. Dropped and truncated prompts are also reported
     on the ``verl.data`` logger.
     """
+    limit = getattr(config, "max_bad_rows", 0)
     common = dict(prompt_key=config.prompt_key, answer_key=config.answer_key,
                   max_prompt_length=config.max_prompt_length, overlong=config.overlong,
                   apply_chat_template=config.apply_chat_template, system_prompt=config.system_prompt,
-                  data_source=config.data_source)
-    train_rows = load_rows(config.train, split=config.train_split, registry=registry, format=format)
-    train, train_stats = render_rows(train_rows, tokenizer, source=config.train, **common)
+                  data_source=config.data_source, max_bad_rows=limit)
+    unreadable: list[str] | None = [] if limit else None
+    train_rows = load_rows(config.train, split=config.train_split, registry=registry, format=format, bad=unreadable)
+    train, train_stats = render_rows(train_rows, tokenizer, source=config.train, bad=unreadable or (), **common)
     stats = train_stats.metrics("train")
     _report(config, "training", train_stats)
     val_spec = config.val or (config.train if config.train.startswith("builtin:") else "")
     val: list[dict[str, Any]] = []
     if val_spec:
-        val_rows = load_rows(val_spec, split=config.val_split, registry=registry)
-        val, val_stats = render_rows(val_rows, tokenizer, source=val_spec, **common)
+        unreadable = [] if limit else None
+        val_rows = load_rows(val_spec, split=config.val_split, registry=registry, bad=unreadable)
+        val, val_stats = render_rows(val_rows, tokenizer, source=val_spec, bad=unreadable or (), **common)
         _report(config, "validation", val_stats)
         if config.max_val_samples:
             val = val[: config.max_val_samples]
@@ -345,6 +396,9 @@ def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format:
 
 
 def _report(config: Any, what: str, stats: PromptStats) -> None:
+    if stats.bad:
+        logger.warning("data: skipped %d bad %s rows of %d (data.max_bad_rows=%d), e.g. %s", stats.bad, what,
+                       stats.rows, config.max_bad_rows, "; ".join(stats.bad_examples))
     if stats.dropped:
         logger.warning("data: dropped %d of %d %s prompts longer than data.max_prompt_length=%d "
                        "(data.overlong='filter')", stats.dropped, stats.rows, what, config.max_prompt_length)

@@ -62,6 +62,11 @@ class HookSpecs:
         """A complete checkpoint was written and made the latest."""
 
     @hookspec
+    def verl_run_rewound(self, step: int, reason: str) -> None:
+        """The run went back to its checkpoint of ``step`` (worker groups restarted after ``reason``);
+        steps after it run again, so what was reported for them is void."""
+
+    @hookspec
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
         """The run stopped: ``status`` is ``"completed"``, ``"failed"`` or ``"interrupted"``."""
 

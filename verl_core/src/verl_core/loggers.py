@@ -78,6 +78,12 @@ class ConsoleLogger:
         self._print(f"checkpoint saved: {path}")
 
     @hookimpl
+    def verl_run_rewound(self, step: int, reason: str) -> None:
+        self._print(f"verl: worker groups restarted after: {reason}; back at step {step}")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
+    @hookimpl
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
         if self._progress is not None:
             self._progress.stop()
@@ -99,6 +105,18 @@ class JsonlLogger:
         row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in scalars(metrics).items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+
+    @hookimpl
+    def verl_run_rewound(self, step: int, reason: str) -> None:
+        # The steps after ``step`` run again: drop their rows, so that each step appears once, as uninterrupted.
+        path = Path(self._file.name)
+        self._file.close()
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+        self._file = open(path, "a", encoding="utf-8")
 
     @hookimpl
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:

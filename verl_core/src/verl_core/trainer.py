@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
-from verl_core.checkpoint import CheckpointError, CheckpointManager
+from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
 from verl_core.config import (
     Config,
     ConfigError,
@@ -33,9 +33,10 @@ from verl_core.config import (
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
 from verl_core.data import HUB_ID, PromptSampler, build_datasets, check_data_source
 from verl_core.hooks import build_plugin_manager
-from verl_core.interfaces import ModelSpec, RewardScorer, Role
+from verl_core.interfaces import ModelSpec, RewardScorer, Role, WorkerFailedError
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_weight_sync, guard_limit, sync_rollout_weights
+from verl_core.signals import Preempted, StopSignals
 
 __all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX"]
 
@@ -144,6 +145,10 @@ class Trainer:
         self.run_dir = Path(config.run.output_dir)
         self.step = 0
         self._ready = False
+        #: Worker-group restarts after a dead worker (``run.max_restarts``) and checkpoints that failed to write.
+        self.restarts = 0
+        self.failed_saves = 0
+        self._checkpoint: tuple[int, Path] | None = None  # (step, path) of the checkpoint a restart goes back to
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -240,7 +245,20 @@ class Trainer:
         if not backend_config.total_training_steps:
             # The length of a cosine schedule; a copy, so the saved config still says "follow max_steps".
             backend_config = dataclasses.replace(backend_config, total_training_steps=self.max_steps)
-        backend = self.registry.load("backend", cfg.backend.name)(backend_config)
+        self._backend = self.registry.load("backend", cfg.backend.name)(backend_config)
+        builder = DataflowBuilder()
+        self.algorithm.build_dataflow(builder)
+        self.dataflow: Dataflow = builder.build()
+        self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
+        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
+        self._start_workers(cfg.run.resume)
+        self._ready = True
+
+    def _start_workers(self, resume: str) -> None:
+        """Start the executor, the worker groups and the rollout engine; restore ``resume`` (see ``run.resume``)."""
+        cfg = self.config
+        needs = self.algorithm.requirements()
+        backend = self._backend
         self.executor = self.registry.load("executor", cfg.executor.name)(cfg.executor.config)
         self.executor.use_plugins([("backend", cfg.backend.name), ("rollout", cfg.rollout.name),
                                    ("algorithm", cfg.algorithm.name)])
@@ -259,24 +277,13 @@ class Trainer:
                 engine=self.registry.load("rollout", cfg.rollout.name), config=cfg.rollout.config,
                 model=self.model_spec, tokenizer=self.tokenizer, actor=self.actor)
             check_weight_sync(self.rollout, self.actor)  # before the first step, not at its first sync
-            builder = DataflowBuilder()
-            self.algorithm.build_dataflow(builder)
-            self.dataflow: Dataflow = builder.build()
-            self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers,
-                                              disable_hooks=cfg.run.disable_hooks)
-            self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
-            self._resume()
+            self._resume(resume)
+            reward_model = self.reward.reward_model_path()
+            if reward_model:
+                self._start_reward_model(backend, reward_model)
         except BaseException:
             self.executor.shutdown()  # workers already started must not outlive a failed set-up
             raise
-        reward_model = self.reward.reward_model_path()
-        if reward_model:
-            try:
-                self._start_reward_model(backend, reward_model)
-            except BaseException:
-                self.executor.shutdown()
-                raise
-        self._ready = True
 
     def _check_sources(self, model_path: str, tok_path: str) -> None:
         """Paths that cannot load fail here, naming their key, not later as a traceback from transformers."""
@@ -320,14 +327,16 @@ class Trainer:
         train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer, self.registry, format=format)
         return train, val
 
-    def _resume(self) -> None:
-        mode = self.config.run.resume
+    def _resume(self, mode: str) -> None:
         if mode == "never":
             return
-        ckpt = self.checkpoints.latest() if mode == "auto" else CheckpointManager.resolve(mode)
-        if ckpt is None:
-            return
-        CheckpointManager.verify(ckpt)
+        if mode == "auto":  # a corrupt latest falls back to the one before it (run.on_corrupt_checkpoint)
+            ckpt, _ = self.checkpoints.latest_intact(fallback=self.config.run.on_corrupt_checkpoint == "fallback")
+            if ckpt is None:
+                return
+        else:  # the checkpoint the user named, or none
+            ckpt = CheckpointManager.resolve(mode)
+            CheckpointManager.verify(ckpt)
         state = json.loads((ckpt / "trainer_state.json").read_text())
         self.actor.load_state(str(ckpt / "actor"))
         if self.critic is not None:
@@ -338,14 +347,26 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         self.resumed_from = ckpt
+        self._checkpoint = (self.step, ckpt)
         # An engine with its own copy of the weights (vLLM, a server) started from model.path; the
         # first rollout after a resume must already come from the checkpoint's policy.
         sync_rollout_weights(self.rollout, self.actor)
 
     # ------------------------------------------------------------------ run
     def train(self) -> dict[str, float]:
-        """Run until ``run.max_steps`` (or ``run.epochs``); returns the last metrics (validation included)."""
-        self.setup()
+        """Run until ``run.max_steps`` (or ``run.epochs``); returns the last metrics (validation included).
+
+        A first SIGTERM or Ctrl-C ends the run after the step it is in, with a checkpoint of that step
+        (:class:`~verl_core.signals.Preempted`; ``run.save_on_signal``), a second one at once. A worker
+        process that dies restarts the worker groups from the last checkpoint, up to ``run.max_restarts``
+        times (:meth:`_restart_workers`).
+        """
+        with StopSignals(self.config.run.save_on_signal) as stop:
+            self.setup()
+            stop.install()  # again: ray.init, during set-up, installs a SIGTERM handler of its own
+            return self._train(stop)
+
+    def _train(self, stop: StopSignals) -> dict[str, float]:
         cfg = self.config.run
         hook = self.hooks.hook
         hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=self.max_steps)
@@ -355,33 +376,18 @@ class Trainer:
         try:
             if self.step == 0 and cfg.val_before_train and self.val_rows:
                 last.update(self.validate())
-            validated_at = self.step
+            self._validated_at = self.step
             while self.step < self.max_steps:
-                self.step += 1
-                hook.verl_step_start(step=self.step)
+                if stop.requested is not None:
+                    raise self._preempted(stop.requested)
                 try:
-                    metrics = self.run_step()
-                except FloatingPointError as exc:
-                    # The backend knows its optimizer step; the user counts RL steps. No checkpoint
-                    # of this step is written: the loop ends here.
-                    message = f"at RL step {self.step}: {exc}"
-                    try:
-                        again = type(exc)(message)  # same type, so callers catching it still do
-                    except Exception:  # a subclass with another constructor
-                        again = FloatingPointError(message)
-                    raise again from exc
-                last.update(metrics)
-                hook.verl_step_end(step=self.step, metrics=metrics)
-                hook.verl_metrics(step=self.step, metrics=metrics)
-                final = self.step == self.max_steps
-                if self.val_rows and (final or (cfg.val_every and self.step % cfg.val_every == 0)):
-                    last.update(self.validate())
-                    validated_at = self.step
-                if final or (cfg.save_every and self.step % cfg.save_every == 0):
-                    self.save_checkpoint()
-            if validated_at != self.step and self.val_rows:
+                    last.update(self._advance(stop))
+                except WorkerFailedError as exc:
+                    self._restart_workers(exc)
+                    stop.install()
+            if self._validated_at != self.step and self.val_rows:
                 last.update(self.validate())
-        except KeyboardInterrupt as exc:
+        except (KeyboardInterrupt, Preempted) as exc:
             status, error = "interrupted", exc
             raise
         except BaseException as exc:
@@ -392,6 +398,88 @@ class Trainer:
             self.executor.shutdown()
             self.reward.close()
         return last
+
+    def _advance(self, stop: StopSignals) -> dict[str, float]:
+        """One step, then the validation and the checkpoint due after it; returns their metrics.
+
+        When a stop was asked for during the step, both are left out (the loop then saves the step
+        and stops), except after the final step, which completes the run.
+        """
+        cfg = self.config.run
+        hook = self.hooks.hook
+        self.step += 1
+        hook.verl_step_start(step=self.step)
+        try:
+            metrics = self.run_step()
+        except FloatingPointError as exc:
+            # The backend knows its optimizer step; the user counts RL steps. No checkpoint
+            # of this step is written: the loop ends here.
+            message = f"at RL step {self.step}: {exc}"
+            try:
+                again = type(exc)(message)  # same type, so callers catching it still do
+            except Exception:  # a subclass with another constructor
+                again = FloatingPointError(message)
+            raise again from exc
+        if self.restarts:
+            metrics["run/restarts"] = float(self.restarts)
+        hook.verl_step_end(step=self.step, metrics=metrics)
+        hook.verl_metrics(step=self.step, metrics=metrics)
+        out = dict(metrics)
+        final = self.step == self.max_steps
+        if stop.requested is not None and not final:
+            return out
+        if self.val_rows and (final or (cfg.val_every and self.step % cfg.val_every == 0)):
+            out.update(self.validate())
+            self._validated_at = self.step
+        if final or (cfg.save_every and self.step % cfg.save_every == 0):
+            try:
+                self.save_checkpoint()
+            except CheckpointWriteError as exc:
+                if final or cfg.on_checkpoint_error == "stop":
+                    raise
+                self.failed_saves += 1
+                logging.getLogger(__name__).warning("%s; going on without it (run.on_checkpoint_error=\"continue\")",
+                                                    exc)
+                hook.verl_metrics(step=self.step, metrics={"checkpoint/failed_saves": float(self.failed_saves)})
+        return out
+
+    def _preempted(self, signum: int) -> Preempted:
+        """Save the step reached (unless its checkpoint exists) and describe the stop."""
+        if self.step and (self._checkpoint is None or self._checkpoint[0] != self.step):
+            self.save_checkpoint()
+        return Preempted(signum, self.step, self._checkpoint[1] if self._checkpoint else None)
+
+    def _restart_workers(self, failure: WorkerFailedError) -> None:
+        """Replace every worker group and resume from the run's last checkpoint (or from the start).
+
+        The dead worker's step is abandoned whole, so no step trains on part of a batch; the steps
+        since the checkpoint run again as they did (seeded), and the hooks hear
+        ``verl_run_rewound`` so that their metrics are reported once.
+
+        Raises:
+            WorkerFailedError: ``failure``, with the number of restarts, once ``run.max_restarts`` are used up.
+        """
+        cfg = self.config
+        limit = cfg.run.max_restarts
+        if self.restarts >= limit:
+            tried = (f" (after {self.restarts} restart(s) of the worker groups; run.max_restarts={limit})" if limit
+                     else " (set run.max_restarts to restart the worker groups from the last checkpoint)")
+            raise WorkerFailedError(f"{failure}{tried}", role=failure.role, rank=failure.rank,
+                                    cause=failure.cause) from failure
+        self.restarts += 1
+        back = self._checkpoint
+        logging.getLogger(__name__).warning(
+            "%s; restarting the worker groups (restart %d of %d) and resuming from %s", failure, self.restarts, limit,
+            back[1] if back else "the start (no checkpoint yet)")
+        self.executor.shutdown()
+        if back is None:
+            self.step = 0
+            self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
+                                         shuffle=cfg.data.shuffle)
+            random.seed(cfg.run.seed)
+            torch.manual_seed(cfg.run.seed)
+        self._start_workers(str(back[1]) if back else "never")
+        self.hooks.hook.verl_run_rewound(step=self.step, reason=str(failure))
 
     def run_step(self) -> dict[str, float]:
         """One RL step: sample prompts, run the dataflow, and return its metrics."""
@@ -492,5 +580,6 @@ class Trainer:
         if self.critic is not None:
             info["critic"] = self.critic_spec.path
         path = self.checkpoints.save(self.step, write, info=info)
+        self._checkpoint = (self.step, path)
         self.hooks.hook.verl_checkpoint_saved(step=self.step, path=path)
         return path

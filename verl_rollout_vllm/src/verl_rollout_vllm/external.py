@@ -58,6 +58,9 @@ class OpenAIRolloutConfig(RolloutConfig):
         max_retries: retries of a request after a transient failure (0: fail at once).
         backoff_s: first back-off delay in seconds; it doubles per retry, with jitter.
         backoff_max_s: longest back-off delay in seconds.
+        deadline_s: longest time one request may take with its retries, in seconds (0: only
+            ``max_retries`` limits them); past it the step fails naming the URL, and no step trains
+            on the part of a batch that came back.
         cache: answer repeated identical requests (same prompt, sampling and seed) from memory.
             Sampled responses then repeat too: meant for evaluation and greedy decoding.
         cache_size: most cached requests (least recently used are dropped).
@@ -77,6 +80,7 @@ class OpenAIRolloutConfig(RolloutConfig):
     max_retries: int = 4
     backoff_s: float = 0.5
     backoff_max_s: float = 16.0
+    deadline_s: float = 600.0
     cache: bool = False
     cache_size: int = 10_000
     weight_sync: str = "error"
@@ -92,6 +96,8 @@ class OpenAIRolloutConfig(RolloutConfig):
             raise ValueError("timeout_s/connect_timeout_s: must be > 0 seconds")
         if self.max_retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
             raise ValueError("max_retries/backoff_s/backoff_max_s: must be >= 0")
+        if self.deadline_s < 0:
+            raise ValueError("deadline_s: must be >= 0 seconds (0: no deadline)")
         if self.weight_sync not in WEIGHT_SYNC_MODES:
             raise ValueError(f"weight_sync: must be one of {list(WEIGHT_SYNC_MODES)}")
         if self.weight_sync == "checkpoint" and not self.sync_dir:
@@ -129,7 +135,7 @@ class OpenAIRollout(RolloutEngine):
         self._http = RetryingClient(self._root, timeout_s=config.timeout_s, connect_timeout_s=config.connect_timeout_s,
                                     max_retries=config.max_retries, backoff_s=config.backoff_s,
                                     backoff_max_s=config.backoff_max_s, max_connections=config.max_concurrency,
-                                    headers=headers)
+                                    deadline_s=config.deadline_s or None, headers=headers)
         self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="verl-openai")
         self._cache: collections.OrderedDict[str, list[dict[str, Any]]] = collections.OrderedDict()
         self._lock = threading.Lock()

@@ -37,7 +37,7 @@ from verl_rewards.functions import (
     load_reward,
     resolve_data_source,
 )
-from verl_rewards.workers import Outcome, RewardWorkerPool, score_inline
+from verl_rewards.workers import NOT_SCORED, Outcome, RewardWorkerPool, score_inline
 
 __all__ = ["RewardManager"]
 
@@ -180,7 +180,7 @@ class RewardManager(RewardScorer):
     # ------------------------------------------------------------------ scoring
     def _run(self, reward: LoadedReward, inputs: RewardInput) -> list[Outcome]:
         if self._pool is not None:
-            return self._pool.score(reward, inputs, timeout=self.config.timeout)
+            return self._pool.score(reward, inputs, timeout=self.config.timeout, fail_fast=self.on_error == "fail")
         return score_inline(reward, inputs, timeout=self.config.timeout)
 
     def score_texts(self, responses: Sequence[str], meta: dict[str, list[Any]],
@@ -212,6 +212,9 @@ class RewardManager(RewardScorer):
                 for spec, idx in groups.items():
                     reward = self._reward(spec)
                     outcomes = self._run(reward, inputs.select(idx))
+                    if self.on_error == "fail":  # name the row that failed, not one a fail-fast call skipped
+                        order = sorted(range(len(idx)), key=lambda k: outcomes[k].error == NOT_SCORED)
+                        idx, outcomes = [idx[k] for k in order], [outcomes[k] for k in order]
                     for i, outcome in zip(idx, outcomes):
                         if outcome.error is None:
                             values[i] = outcome.score

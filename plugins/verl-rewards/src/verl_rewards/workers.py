@@ -45,6 +45,8 @@ from verl_rewards.functions import (
 
 __all__ = ["Outcome", "RewardWorkerPool", "score_inline"]
 
+# The error of rows a fail-fast call left unscored after another row failed.
+NOT_SCORED = "not scored: the call stopped at the first failure"
 # How long a fresh worker may take to import itself and report ready (not counted against reward.timeout).
 STARTUP_TIMEOUT_S = 120.0
 # Extra time the controller allows async per-sample rewards beyond their own asyncio timeout.
@@ -117,8 +119,11 @@ def score_inline(reward: LoadedReward, inputs: RewardInput, *, timeout: float) -
 # ----------------------------------------------------------------------------- worker side
 def _worker_main(conn: Connection) -> None:
     """Entry point of a reward worker process: score tasks until told to stop."""
-    # Ctrl-C goes to the whole process group; the controller decides what happens, not the workers.
+    # Ctrl-C goes to the whole process group, and a scheduler's SIGTERM often does too; the controller
+    # decides what happens (it finishes the step and saves, run.save_on_signal), not the workers. They
+    # end when the controller stops them, when its end of the socket closes, or by SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     cache: dict[str, LoadedReward] = {}
     conn.send(("ready", os.getpid()))
     while True:
@@ -310,8 +315,14 @@ class RewardWorkerPool:
         self.restarts += 1
         return fresh
 
-    def score(self, reward: LoadedReward, inputs: RewardInput, *, timeout: float) -> list[Outcome]:
-        """Score every row of ``inputs``; never takes much longer than the time limits allow."""
+    def score(self, reward: LoadedReward, inputs: RewardInput, *, timeout: float,
+              fail_fast: bool = False) -> list[Outcome]:
+        """Score every row of ``inputs``; never takes much longer than the time limits allow.
+
+        With ``fail_fast`` the call ends at the first row that fails or times out (the run stops on
+        it anyway, ``reward.on_error = "fail"``): a reward that hangs on every row costs one
+        ``timeout``, not one per row. Rows left unscored then carry :data:`NOT_SCORED`.
+        """
         n = len(inputs)
         if n == 0:
             return []
@@ -354,6 +365,10 @@ class RewardWorkerPool:
                     elif follow is not _DONE:
                         still.append(send(job.worker, [job.rows[i] for i in follow]))
                 jobs = still
+                if fail_fast and any(o is not None and o.error is not None for o in outcomes):
+                    for job in jobs:  # busy with rows nobody will read: replace them, as below
+                        self._replace(job.worker)
+                    return [o if o is not None else Outcome(error=NOT_SCORED) for o in outcomes]
         except BaseException:
             # Interrupted mid-call (Ctrl-C, a broken worker): busy workers would answer the next call
             # with this call's results, so replace them.
