@@ -17,8 +17,14 @@ argument                   what it sets
 ``kl_coef``                ``algorithm.kl_coef`` (> 0 adds the reference model)
 ``reward``                 ``reward.name``: a reward plugin, ``"auto"``, or ``"file:path.py:function"``
 ``output_dir``             ``run.output_dir``: config, metrics and checkpoints
+``inference_client``       ``[rollout]``: an :class:`~verl.ExternalInferenceClient`'s server generates
+                           (``rollout.name = "openai"``, its settings and sampling parameters)
 ``train(num_epochs=...)``  ``run.epochs``; ``train(max_steps=...)``: ``run.max_steps``
 =========================  ==================================================================
+
+Under ``torchrun --nproc_per_node=N train.py`` the run uses every process (``executor.name =
+"torchrun"``, from ``verl-executor-torchrun``, unless the config names another executor): rank 0 is
+the controller and the other processes serve as its workers, so ``train()`` returns on rank 0 only.
 
 Example::
 
@@ -92,6 +98,13 @@ def _is_path(value: Any) -> bool:
     return isinstance(value, (str, os.PathLike))
 
 
+def _torchrun_world_size() -> int:
+    """The processes torchrun (or a launcher exporting the same environment) started; 1 outside one."""
+    if not all(os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return 1
+    return int(os.environ["WORLD_SIZE"])
+
+
 class _RLTrainer:
     """The shared shape of :class:`PPOTrainer` and :class:`GRPOTrainer` (see the module docstring).
 
@@ -110,7 +123,7 @@ class _RLTrainer:
                  critic_learning_rate: float | None = None, batch_size: int | None = None,
                  kl_coef: float | None = None, reward: str | None = None,
                  output_dir: str | os.PathLike | None = None, config: str | os.PathLike | None = None,
-                 overrides: Sequence[str] = (), registry: Any = None) -> None:
+                 overrides: Sequence[str] = (), registry: Any = None, inference_client: Any = None) -> None:
         from verl_core.config import ConfigError, load_raw_config
         from verl_core.registry import PluginRegistry
 
@@ -133,6 +146,12 @@ class _RLTrainer:
                 section, name = key.split(".")
                 raw.setdefault(section, {})[name] = value
         self._objects = self._take_objects(raw.setdefault("model", {}), actor_model, tokenizer, critic_model)
+        if inference_client is not None:
+            # A server the run samples from; the trainer syncs its weights as the client's weight_sync says.
+            raw["rollout"] = {**raw.get("rollout", {}), **inference_client.rollout_settings()}
+        if _torchrun_world_size() > 1 and "name" not in raw.get("executor", {}):
+            # `torchrun --nproc_per_node=N train.py`: one run over the N processes, not N runs.
+            raw.setdefault("executor", {})["name"] = "torchrun"
         self._raw, self._overrides, self._checkpoint = raw, list(overrides), None
         self.trainer = self._build({})
         self.config = self.trainer.config

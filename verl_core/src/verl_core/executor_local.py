@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from verl_core.interfaces import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo
@@ -35,6 +36,14 @@ class LocalExecutor(Executor):
         if config.world_size != 1:
             raise ValueError(f"world_size: the local executor runs one process, got world_size="
                              f"{config.world_size}; use a multi-process executor (e.g. executor.name='ray')")
+        launched = os.environ.get("WORLD_SIZE", "1")
+        if os.environ.get("TORCHELASTIC_RUN_ID") and launched.isdigit() and int(launched) > 1:
+            from verl_core.config import ConfigError
+
+            raise ConfigError("executor.name", f"this process is one of {launched} that torchrun started, and the "
+                                               f"local executor would train {launched} separate copies of the run; "
+                                               f"use executor.name='torchrun' (pip install verl-executor-torchrun) "
+                                               f"for one run over all of them")
 
     def create_group(self, *, role: Role, factory: Callable[[WorldInfo], Any]) -> WorkerGroup:
         import torch

@@ -86,6 +86,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-rollout-vllm": {"rollout": ("vllm", "openai")},
     "verl-rollout-sglang": {"rollout": ("sglang",)},
     "verl-executor-ray": {"executor": ("ray",)},
+    "verl-executor-torchrun": {"executor": ("torchrun",)},
     "verl-env-tools": {"environment": ("tools",), "model": ("tiny-qwen2-tools",), "dataset": ("tool-arithmetic",),
                        "reward": ("tool_arithmetic",)},
     "verl-algo-contrib": {"algorithm": "*"},
