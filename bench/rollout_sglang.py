@@ -88,7 +88,8 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
     spec = ModelSpec(path=model_dir)
     sglang, sglang_start = _timed(lambda: SGLangRollout(config=SGLangRolloutConfig(), model=spec,
                                                         tokenizer=tokenizer))
-    vllm = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=1.0, max_model_len=128), model=spec, tokenizer=tokenizer)
+    vllm = VLLMRollout(config=VLLMRolloutConfig(kv_cache_gb=1.0, max_model_len=64 if args.workload == "builtin" else 128),
+                       model=spec, tokenizer=tokenizer)
     hf = HFRollout(config=HFRolloutConfig(), model=spec, tokenizer=tokenizer)
     params = sum(p.numel() for p in hf._own.parameters())
     prompts = _prompts(tokenizer, args.prompts)

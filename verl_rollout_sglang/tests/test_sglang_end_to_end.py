@@ -25,6 +25,7 @@ def _rows(run: Path) -> list[dict]:
 
 @pytest.mark.sglang
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_builtin_task_learns_with_sglang(tmp_path: Path) -> None:
     """The README's default run with the rollout swapped: +15 points at least, as with the HF rollout."""
     res = _run("--output-dir", str(tmp_path / "run"))
@@ -40,6 +41,7 @@ def test_builtin_task_learns_with_sglang(tmp_path: Path) -> None:
 
 @pytest.mark.sglang
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_sglang_on_the_ray_executor(tmp_path: Path) -> None:
     res = _run("--executor", "ray", "--max-steps", "2", "--output-dir", str(tmp_path / "run"), *FAST,
                timeout=900)

@@ -21,6 +21,7 @@ def _run(out: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.heavy
 def test_tool_task_learns_and_beats_no_tools(tmp_path: Path) -> None:
     rows = _run(tmp_path / "tools")
     val = [r["val/reward_mean"] for r in rows if "val/reward_mean" in r]

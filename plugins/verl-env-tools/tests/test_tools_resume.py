@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 SMALL = ["data.batch_size=8", "rollout.n=2", "run.val_every=0", "run.val_before_train=false", "run.save_every=1",
          'run.loggers=["jsonl"]']
