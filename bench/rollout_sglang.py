@@ -43,7 +43,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 # Shared with the vLLM bench (bench/ is on sys.path when a script here runs).
-from rollout_vllm import _prompts, _timed  # noqa: E402
+from rollout_vllm import _large_model_dir, _prompts, _timed  # noqa: E402
 
 
 def _cpu() -> str:
@@ -51,22 +51,6 @@ def _cpu() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown CPU"
-
-
-def _large_model_dir(tokenizer: Any) -> str:
-    """A ~16M-parameter Qwen2 with the built-in tokenizer and random weights."""
-    import transformers
-
-    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=2048,
-                                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                                      max_position_embeddings=128, tie_word_embeddings=False,
-                                      pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                                      eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(2)
-    out = tempfile.mkdtemp(prefix="bench-sglang-large-")
-    transformers.Qwen2ForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def _workload(args: argparse.Namespace) -> dict[str, Any]:
@@ -83,7 +67,7 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     builtin = str(ensure_builtin_model())
     tokenizer = AutoTokenizer.from_pretrained(builtin)
-    model_dir = builtin if args.workload == "builtin" else _large_model_dir(tokenizer)
+    model_dir = builtin if args.workload == "builtin" else _large_model_dir(tokenizer, max_positions=128)
     max_new = 8 if args.workload == "builtin" else 56
     spec = ModelSpec(path=model_dir)
     sglang, sglang_start = _timed(lambda: SGLangRollout(config=SGLangRolloutConfig(), model=spec,

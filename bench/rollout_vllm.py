@@ -137,13 +137,13 @@ def _verl_run(rollout: str, steps: int, out_dir: Path, extra: tuple[str, ...] = 
             "sync": mean("timing/sync_weights"), "steps": len(train)}
 
 
-def _large_model_dir(tokenizer: Any) -> str:
+def _large_model_dir(tokenizer: Any, max_positions: int = 64) -> str:
     """A ~15M-parameter Qwen2 with the built-in tokenizer and random weights."""
     import transformers
 
     config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=2048,
                                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                                      max_position_embeddings=64, tie_word_embeddings=False,
+                                      max_position_embeddings=max_positions, tie_word_embeddings=False,
                                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                                       eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(2)

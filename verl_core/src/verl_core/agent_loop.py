@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from verl_core.batch import Batch
+from verl_core.engine_kit import stop_token_ids
 from verl_core.interfaces import SamplingParams, StepResult
 from verl_core.rollout_utils import left_pad, right_pad
 
@@ -131,7 +132,7 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
                  metrics: dict[str, float] | None = None) -> Batch:
     """Run ``sampling.n`` trajectories per prompt row to the end; the batch of their responses."""
     tokenizer = engine.tokenizer
-    stop_ids = set(_as_list(getattr(tokenizer, "eos_token_id", None))) | set(sampling.stop_token_ids)
+    stop_ids = set(stop_token_ids(tokenizer, sampling.stop_token_ids))
     budget = settings.max_response_tokens or sampling.max_new_tokens * settings.max_turns
     pool = ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="verl-env")
     try:
@@ -184,16 +185,12 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
     return _to_batch(trajectories, sampling.n, pad_id)
 
 
-def _as_list(value: Any) -> list[Any]:
-    return [v for v in (value if isinstance(value, (list, tuple, set)) else [value]) if v is not None]
-
-
 def _start(row: dict[str, Any], make_env: Callable[[], Any], tokenizer: Any) -> _Trajectory:
     env = make_env()
     extra = {**(row.get("extra_info") or {}), "ground_truth": row.get("ground_truth")}
     messages = list(_call(env.reset, prompt=list(row.get("prompt_messages") or row.get("prompt") or []),
                           extra_info=extra))
-    tools = env.tools() if hasattr(env, "tools") else None
+    tools = env.tools()
     prompt_ids = _encode(tokenizer, render_tokens(tokenizer, messages, tools, generation_prompt=True))
     return _Trajectory(row=row, env=env, messages=messages, tools=tools, prompt_ids=prompt_ids)
 

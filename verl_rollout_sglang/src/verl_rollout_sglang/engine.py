@@ -416,8 +416,6 @@ class SGLangRollout(RolloutEngine):
     def _sync_distributed(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         import torch.distributed as dist
 
-        if self.device != "cuda":
-            raise ServerError("weight_sync='distributed' needs GPUs (NCCL); use 'disk' or 'tensor' on a CPU")
         if self._group is None:
             self._group = self._init_update_group()
         for name, tensor in weights:
