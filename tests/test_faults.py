@@ -130,6 +130,17 @@ def broken_toml(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
     return cli("run", "-c", tmp / "bad.toml", f"run.output_dir='{tmp / OUT}'")
 
 
+def without_megatron(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
+    """``--backend megatron`` where verl-backend-megatron is not installed (hidden from package metadata:
+    every first-party distribution is installed here)."""
+    import importlib.metadata
+
+    real = importlib.metadata.distributions
+    mp.setattr(importlib.metadata, "distributions", lambda **kw: [
+        d for d in real(**kw) if d.metadata["Name"] != "verl-backend-megatron"])
+    return run_with(flags=("--backend", "megatron"))(tmp, mp)
+
+
 def plugin_that_fails_to_import(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
     site = tmp / "site"
     info = site / "verl_faults_broken-1.0.dist-info"
@@ -499,7 +510,7 @@ RAY = ["executor.name='ray'", "executor.world_size=2", "data.batch_size=8", "run
 
 
 def kill_a_worker(tmp: Path, *overrides: str, kills: int = 1, steps: int = 6) -> Outcome:
-    """`verl run` on 2 Ray ranks; SIGKILL rank 1's process after step 3 (and again after each restart)."""
+    """`verl run` on 2 Ray ranks; SIGKILL rank 1's process after step 2's save (and again after each restart)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "verl_executor_ray" / "tests"))
     from ray_test_utils import alive, cmdline, descendants
 
@@ -509,19 +520,24 @@ def kill_a_worker(tmp: Path, *overrides: str, kills: int = 1, steps: int = 6) ->
                              f"run.output_dir='{tmp / OUT}'", *overrides], stdout=log, stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)
     seen: set[int] = set()
+    before: set[int] = set()  # the worker hosts of the groups already killed into
     try:
         for n in range(kills):
             deadline = time.monotonic() + 300
             while proc.poll() is None and time.monotonic() < deadline:
                 log.seek(0)
-                # The n-th kill waits for step 3 after the (n-1)-th restart.
                 since = log.read().split("back at step")
                 hosts = sorted(p for p in descendants(proc.pid) if "WorkerHost" in cmdline(p))
                 seen.update(descendants(proc.pid))
-                if len(since) == n + 1 and "step 3/" in since[-1] and len(hosts) == 2:
+                # The first kill comes as soon as step 2's checkpoint is saved: inside step 3 or 4, before the
+                # next save (steps take ~0.1 s on a fast machine, so waiting for a later line could miss it).
+                # Each later kill comes as soon as the groups are back (2 new hosts, the restore done).
+                due = "step_000002" in since[-1] if n == 0 else not before & set(hosts)
+                if len(since) == n + 1 and len(hosts) == 2 and due:
+                    before.update(hosts)
                     os.kill(hosts[1], signal.SIGKILL)
                     break
-                time.sleep(0.3)
+                time.sleep(0.02)
         proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
@@ -587,7 +603,7 @@ CASES = [
     # --- configuration and paths: refused before any model loads, nothing written
     Case("unknown_key", run_with("algorithm.clip_ratio=0.3"), 2,
          "algorithm.clip_ratio: unknown key (did you mean 'clip_ratio_c'?)", "nothing", nothing_written),
-    Case("unknown_section", run_with("trainer.lr=1"), 2, "trainer: unknown section", "nothing", nothing_written),
+    Case("unknown_section", run_with("optimizer.lr=1"), 2, "optimizer: unknown section", "nothing", nothing_written),
     Case("wrong_type", run_with("algorithm.kl_coef=abc"), 2, "algorithm.kl_coef: expected a number", "nothing",
          nothing_written),
     Case("value_out_of_range", run_with("data.batch_size=0"), 2, "data.batch_size: must be at least 1", "nothing",
@@ -605,7 +621,7 @@ CASES = [
     Case("negative_rollout_deadline", run_with("rollout.name='openai'", "rollout.deadline_s=-1"), 2,
          "rollout.deadline_s: must be >= 0 seconds", "nothing", nothing_written),
     Case("unknown_plugin", run_with(flags=("--algo", "grop")), 2, "Did you mean 'grpo'", "nothing", nothing_written),
-    Case("plugin_not_installed", run_with(flags=("--backend", "megatron")), 2, "pip install verl-backend-megatron",
+    Case("plugin_not_installed", without_megatron, 2, "pip install verl-backend-megatron",
          "nothing", nothing_written),
     Case("plugin_fails_to_import", plugin_that_fails_to_import, 2, "ImportError: needs the package frobnicate",
          "nothing", nothing_written),

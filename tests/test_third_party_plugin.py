@@ -85,8 +85,16 @@ class Recorder:
         self._note("verl_metrics")
 
     @hookimpl
+    def verl_validation_start(self, step, samples):
+        self._note("verl_validation_start")
+
+    @hookimpl
     def verl_validation_end(self, step, metrics):
         self._note("verl_validation_end")
+
+    @hookimpl
+    def verl_samples(self, step, split, samples):
+        self._note("verl_samples")
 
     @hookimpl
     def verl_checkpoint_saved(self, step, path):
@@ -132,7 +140,9 @@ def test_third_party_algorithm_runs_through_cli(plugin_site, tmp_path, run_verl)
 
     fired = set((tmp_path / "hooks.txt").read_text().split())
     specs = {name for name in vars(HookSpecs) if name.startswith("verl_")}
-    assert fired == specs - {"verl_run_rewound"}  # only after a worker restart (tests/test_faults.py)
+    # verl_run_rewound comes only after a worker restart (tests/test_faults.py), verl_health only when a
+    # health check fails (verl_core/tests/test_samples_and_health.py).
+    assert fired == specs - {"verl_run_rewound", "verl_health"}
 
 
 def test_every_hook_is_documented():

@@ -4,7 +4,8 @@
 checks the Hugging Face rollout running on an FSDP actor's own (sharded) module.
 
 Every worker runs on a one-rank gloo process group inside this pytest process; the first worker
-creates it and the others reuse it, which is exactly what the suite needs to exercise.
+creates it and the others reuse it, which is exactly what the suite needs to exercise. The suite's
+heavy multi-rank case starts two processes of its own (a two-way sharded group).
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class TestFSDPBackendConformance(BackendConformance):
     @pytest.fixture
     def model_dir(self, _tiny_model: str) -> str:
         return _tiny_model
+
+    @pytest.fixture
+    def multi_rank_backend(self) -> FSDPBackend:
+        # Two ranks: every parameter sharded two ways. eps=1e-5, not AdamW's 1e-8: an element whose
+        # true gradient is ~0 gets summation-order noise that Adam's first step would turn into an
+        # lr-sized move at one world size and not the other.
+        return FSDPBackend(FSDPConfig(lr=1e-3, eps=1e-5, micro_batch_size=2, log_prob_micro_batch_size=2))
 
 
 class TestHFRolloutOnFSDPActorConformance(RolloutConformance):

@@ -157,6 +157,21 @@ def _updated(model_dir, batch, **cfg):
     return worker, dict(worker.iter_weights())
 
 
+def _assert_updates_alike(model_dir, batch, untrained, reference: dict, other: dict) -> None:
+    """One update with each setting moves the policy alike, and moves it (``untrained``: a worker not updated).
+
+    Adam's first step is ~lr * sign(grad), so near-zero gradients may round either way: compare what
+    the updated policies compute rather than single weights."""
+    mask = batch.response_attention_mask.bool()
+    w_reference, after = _updated(model_dir, batch, **reference)
+    w_other, _ = _updated(model_dir, batch, **other)
+    before = dict(untrained.iter_weights())
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-3
+    a, b = w_reference.compute_log_probs(batch).log_probs, w_other.compute_log_probs(batch).log_probs
+    assert (a[mask] - b[mask]).abs().max() < 1e-4
+    assert (a[mask] - untrained.compute_log_probs(batch).log_probs[mask]).abs().max() > 1e-2  # the update mattered
+
+
 def test_packed_sequences_score_and_train_like_padded_rows(model_dir):
     """remove_padding packs real tokens into one row; results match the padded computation."""
     batch = make_batch(batch_size=8, prompt_length=7, response_length=9, vocab_size=16, advantages=True, seed=5)
@@ -170,15 +185,7 @@ def test_packed_sequences_score_and_train_like_padded_rows(model_dir):
     assert (a.entropy[mask] - b.entropy[mask]).abs().max() < 1e-5
     assert (b.log_probs[~mask] == 0).all()  # padding is not scored at all
 
-    # Adam's first step is ~lr * sign(grad), so near-zero gradients may round either way: compare what
-    # the updated policies compute rather than single weights.
-    w_padded, after_padded = _updated(model_dir, batch, remove_padding="false")
-    w_packed, _ = _updated(model_dir, batch, remove_padding="true")
-    before = dict(padded.iter_weights())
-    assert max((after_padded[k] - before[k]).abs().max().item() for k in before) > 1e-3
-    a, b = w_padded.compute_log_probs(batch).log_probs, w_packed.compute_log_probs(batch).log_probs
-    assert (a[mask] - b[mask]).abs().max() < 1e-4
-    assert (a[mask] - padded.compute_log_probs(batch).log_probs[mask]).abs().max() > 1e-2  # the update mattered
+    _assert_updates_alike(model_dir, batch, padded, dict(remove_padding="false"), dict(remove_padding="true"))
 
 
 def test_auto_packs_only_with_a_variable_length_attention_kernel(model_dir):
@@ -382,3 +389,82 @@ def test_the_actor_loss_gets_the_current_entropy_with_gradients_on_every_micro_b
     first = torch.cat([c[2].detach() for c in calls[:2]])  # epoch 1, before any optimizer step moved it
     mask = batch.response_mask.bool()
     assert first.shape == expected.shape and (first[mask] - expected[mask]).abs().max() < 1e-5
+
+
+def _grouped(batch, group):
+    """``batch`` with every ``group`` consecutive samples drawn from one prompt, as a rollout lays them out."""
+    prompt_ids, prompt_mask = batch.prompt_ids.clone(), batch.prompt_mask.clone()
+    for g in range(0, len(batch), group):
+        prompt_ids[g:g + group], prompt_mask[g:g + group] = prompt_ids[g], prompt_mask[g]
+    return batch.replace(prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+
+
+def _tokens_fed(worker):
+    """A list that each forward of ``worker``'s model appends its number of input tokens to."""
+    fed = []
+    worker.module.get_input_embeddings().register_forward_hook(lambda mod, args, out: fed.append(args[0].numel()))
+    return fed
+
+
+def test_shared_prompt_scores_and_trains_like_separate_rows(model_dir):
+    """One copy of each prompt with its samples' responses behind a block mask: the log-probs, the
+    entropy and the update of separate padded rows, for fewer tokens."""
+    batch = _grouped(make_batch(batch_size=12, prompt_length=7, response_length=9, vocab_size=16, group_size=4,
+                                advantages=True, empty_rows=(6,), seed=5), 4)
+    assert (batch.prompt_mask == 0).any() and (batch.response_attention_mask == 0).any()
+    separate = _worker(model_dir, shared_prompt="false")
+    shared = _worker(model_dir, shared_prompt="true")
+    assert shared.shared_prompt and not separate.shared_prompt
+    fed_separate, fed_shared = _tokens_fed(separate), _tokens_fed(shared)
+    mask = batch.response_attention_mask.bool()
+    a, b = separate.compute_log_probs(batch, with_entropy=True), shared.compute_log_probs(batch, with_entropy=True)
+    assert (a.log_probs[mask] - b.log_probs[mask]).abs().max() < 1e-5
+    assert (a.entropy[mask] - b.entropy[mask]).abs().max() < 1e-5
+    assert (b.log_probs[~mask] == 0).all()
+    # 3 prompts of up to 7 tokens once, instead of 12 times.
+    assert fed_shared[-1] < fed_separate[-1] - 6 * int(batch.prompt_mask[0].sum())
+
+    _assert_updates_alike(model_dir, batch, separate, dict(shared_prompt="false"), dict(shared_prompt="true"))
+
+
+def test_shared_prompt_layout_rows_and_mask():
+    from verl_backend_fsdp.backend import _block_mask, _responses_per_row, _shared_prompt_layout
+
+    batch = _grouped(make_batch(batch_size=4, prompt_length=3, response_length=4, vocab_size=16, group_size=2,
+                                tool_tokens=False, seed=1), 2)
+    input_ids, position_ids, segments, rows, cols = _shared_prompt_layout(batch, object())  # no width: one row
+    assert input_ids.shape[0] == 2
+    for r, first in enumerate((0, 2)):
+        p = int(batch.prompt_mask[first].sum())
+        n = [int(batch.response_attention_mask[first + k].sum()) for k in range(2)]
+        assert input_ids[r, :p].tolist() == batch.prompt_ids[first][batch.prompt_mask[first].bool()].tolist()
+        # Each response continues from the prompt's positions, as it would in a row of its own.
+        assert position_ids[r, :p].tolist() == list(range(p))
+        assert position_ids[r, p:p + n[0]].tolist() == list(range(p, p + n[0]))
+        assert position_ids[r, p + n[0]:p + n[0] + n[1]].tolist() == list(range(p, p + n[1]))
+        assert segments[r, :p].eq(0).all() and segments[r, p:p + n[0]].eq(1).all()
+        assert segments[r, p + n[0]:p + n[0] + n[1]].eq(2).all()
+    mask = _block_mask(segments, torch.float32)[0, 0] == 0  # True where attending
+    p, n0 = int(batch.prompt_mask[0].sum()), int(batch.response_attention_mask[0].sum())
+    assert mask[p + n0, :p].all() and not mask[p + n0, p:p + n0].any()  # response 2 sees the prompt, not response 1
+    for r in range(2):
+        full = _block_mask(segments, torch.float32)[r, 0] == 0
+        real, pad = segments[r] >= 0, segments[r] == -1
+        assert not full[real][:, pad].any()  # no real token attends to padding
+    assert len(rows) == len(cols) == int(batch.response_attention_mask.sum())
+    assert cols[0] == p - 1  # the first response token is predicted at the prompt's last token
+    # A wide model with long responses: the square of a shared row costs more than the prompt saved.
+    assert _responses_per_row(prompt=8, response=4096, n=8, width=64, ffn=256) == 1
+    assert _responses_per_row(prompt=32, response=32, n=8, width=512, ffn=1792) == 8
+    # No shared prompt: the padded layout serves the batch.
+    assert _shared_prompt_layout(make_batch(batch_size=4, seed=2), object()) is None
+
+
+def test_shared_prompt_refuses_what_it_cannot_serve(model_dir):
+    from verl_backend_fsdp.backend import FSDPConfig
+
+    with pytest.raises(ValueError, match="shared_prompt=true: .*packed .*set backend.shared_prompt"):
+        _worker(model_dir, shared_prompt="true", remove_padding="true")
+    assert not _worker(model_dir, shared_prompt="auto", remove_padding="true").shared_prompt  # auto steps aside
+    with pytest.raises(ValueError, match="shared_prompt: must be"):
+        FSDPConfig(shared_prompt="yes").validate()

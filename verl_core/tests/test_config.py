@@ -56,10 +56,14 @@ def test_errors_name_the_key(registry, raw, path, fragment):
     assert fragment in str(info.value)
 
 
-def test_unknown_plugin_names_the_package(registry):
-    # A first-party plugin this environment does not install (verl-backend-megatron is not built yet).
+def test_unknown_plugin_names_the_package():
+    # A first-party plugin the environment does not install. Every first-party distribution is installed
+    # here, so the registry is given all of them but verl-backend-megatron.
+    import importlib.metadata
+
+    others = [d for d in importlib.metadata.distributions() if d.metadata["Name"] != "verl-backend-megatron"]
     with pytest.raises(UnknownPluginError, match="pip install verl-backend-megatron"):
-        resolve_config({"backend": {"name": "megatron"}}, registry)
+        resolve_config({"backend": {"name": "megatron"}}, PluginRegistry(distributions=others))
 
 
 def test_bad_override_syntax():

@@ -106,3 +106,47 @@ def test_fsdp_worker_methods_dispatch_as_declared_on_the_base():
     assert dispatch_mode(FSDPWorker, "compute_log_probs") == "split"
     assert dispatch_mode(FSDPWorker, "compute_values") == "split"
     assert dispatch_mode(FSDPWorker, "load_state") == "all"
+
+
+def _tp2_dp2() -> list:
+    from verl_core.interfaces import WorldInfo
+
+    # Megatron's order at TP=2, DP=2: ranks 0,1 are data-parallel group 0, ranks 2,3 group 1.
+    return [WorldInfo(rank=r, world_size=4, dp_rank=r // 2, dp_size=2, tp_rank=r % 2, tp_size=2) for r in range(4)]
+
+
+def test_mesh_defaults_to_one_data_parallel_group_per_rank():
+    from verl_core.interfaces import WorldInfo
+    from verl_executor_ray._dispatch import Mesh
+
+    mesh = Mesh.of([WorldInfo(rank=r, world_size=3) for r in range(3)])
+    assert mesh.is_data_parallel and mesh.dp_size == 3 and mesh.readers == (0, 1, 2)
+
+
+def test_split_over_a_model_parallel_mesh_reads_one_result_per_data_parallel_group():
+    """TP=2 x DP=2: both tensor ranks of a group get the group's shard, and the joined result has each
+    sample once (read from tensor rank 0), not once per tensor rank."""
+    from verl_executor_ray._dispatch import Mesh
+
+    mesh = Mesh.of(_tp2_dp2())
+    assert mesh.dp_size == 2 and mesh.shard_of == (0, 0, 1, 1) and mesh.readers == (0, 2)
+    values = torch.arange(6.0)
+    shards = split_call((values,), {}, mesh.dp_size, method="m", balance=False)
+    calls = mesh.per_rank(shards)
+    assert [c[0][0].tolist() for c in calls] == [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]]
+    # Each rank returns what it was given; tensor rank 1 returns garbage that must not be read.
+    results = [c[0][0] * (1 if r % 2 == 0 else -100) for r, c in enumerate(calls)]
+    joined = gather_split(mesh.read(results), real=shards.real, padded=shards.padded)
+    assert torch.equal(joined, values)
+
+
+def test_pipeline_mesh_reads_the_last_stage_and_refuses_a_mesh_without_one_output_rank():
+    from verl_core.interfaces import WorldInfo
+    from verl_executor_ray._dispatch import Mesh
+
+    pp2 = [WorldInfo(rank=r, world_size=2, dp_rank=0, dp_size=1, pp_rank=r, pp_size=2) for r in range(2)]
+    assert Mesh.of(pp2).readers == (1,)
+    # Two ranks both claiming to be tensor rank 0 of the last stage of group 0.
+    bad = [WorldInfo(rank=r, world_size=2, dp_rank=0, dp_size=1) for r in range(2)]
+    with pytest.raises(ValueError, match="output ranks"):
+        Mesh.of(bad)

@@ -26,6 +26,7 @@ def _rows(run: Path) -> list[dict]:
 @pytest.mark.sglang
 @pytest.mark.slow
 @pytest.mark.heavy
+@pytest.mark.long  # ~7 min; the Ray test below and the conformance suite cover the engine in CI
 def test_builtin_task_learns_with_sglang(tmp_path: Path) -> None:
     """The README's default run with the rollout swapped: +15 points at least, as with the HF rollout."""
     res = _run("--output-dir", str(tmp_path / "run"))

@@ -11,6 +11,7 @@ Because there is no ratio, it needs no old log-probs, which saves a forward pass
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ import torch
 from verl_core.algorithms import functional as F
 from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
+from verl_core.interfaces import Requirements
 
 from verl_algo_contrib import functional as CF
 
@@ -71,6 +73,10 @@ class GPG(PolicyGradient):
     """Group-centred advantages with the plain policy-gradient loss."""
 
     Config = GPGConfig
+
+    def requirements(self) -> Requirements:
+        # No importance ratio: a sample from an older policy would be weighted as if the current one drew it.
+        return dataclasses.replace(super().requirements(), off_policy=False)
 
     def build_dataflow(self, df: Any) -> None:
         df.rollout(self.rollout_request())

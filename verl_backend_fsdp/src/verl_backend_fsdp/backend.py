@@ -16,7 +16,6 @@ import copy
 import gc
 import logging
 import math
-import os
 import random
 import resource
 import types
@@ -47,6 +46,8 @@ from verl_core.interfaces import (
     TrainingWorker,
     WorldInfo,
 )
+from verl_core.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
+from verl_core.sharding import ensure_process_group
 
 __all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
 
@@ -106,7 +107,21 @@ class FSDPConfig(BackendConfig):
             (``flash_attention_*``), where packing removes all padding compute; with SDPA/eager
             attention (CPU) a packed row attends through a block-diagonal mask whose cost grows
             with the square of the packed length, so ``"auto"`` keeps padded rows (with the padding
-            columns trimmed) there. ``"true"``/``"false"`` force either.
+            columns trimmed) there. ``"true"``/``"false"`` force either. Batches with images always run
+            padded (their mRoPE position ids are computed per row).
+        freeze_vision_tower: on a vision-language model, train only the language model (and the
+            projector that feeds it): the vision tower's parameters get no gradients and no optimizer state.
+        shared_prompt: run the prompt once for all the samples drawn from it (GRPO's group, PPO's
+            ``rollout.n``) in actor and reference forwards: one row holds the prompt's tokens and then
+            several responses, each attending to the prompt and to itself only (a block mask), with
+            the position ids each would have alone, so the log-probs are those of separate rows (to
+            float rounding) at the cost of ``prompt + n x response`` tokens instead of
+            ``n x (prompt + response)``. How many responses share a row is chosen per micro-batch from
+            the model's width, since the mask makes attention cost grow with the square of the row.
+            ``"auto"`` shares where the model is a text decoder on padded rows (not ``remove_padding``,
+            not vision); ``"true"`` fails on a model it cannot serve; ``"false"`` (the default) never
+            shares. Off by default for now: data-parallel ranks lay their shards' rows out differently,
+            so two ranks match one process to ~2e-5 instead of ~1e-6 (float rounding, not a bias).
     """
 
     param_dtype: str = "float32"
@@ -125,6 +140,8 @@ class FSDPConfig(BackendConfig):
     shard_single_rank: bool = False
     release_host_memory: bool = False
     remove_padding: str = "auto"
+    freeze_vision_tower: bool = False
+    shared_prompt: str = "false"
 
     def compute_dtype(self, model_dtype: str) -> str:
         """Forward passes run in ``param_dtype`` when mixed precision casts to it."""
@@ -143,6 +160,8 @@ class FSDPConfig(BackendConfig):
             raise ValueError(f"lora_sync: must be 'merged' or 'adapters', not {self.lora_sync!r}")
         if str(self.remove_padding).lower() not in ("auto", "true", "false"):
             raise ValueError(f"remove_padding: must be 'auto', 'true' or 'false', not {self.remove_padding!r}")
+        if str(self.shared_prompt).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"shared_prompt: must be 'auto', 'true' or 'false', not {self.shared_prompt!r}")
 
 
 class FSDPBackend(TrainingBackend):
@@ -166,23 +185,9 @@ class FSDPBackend(TrainingBackend):
         return worker
 
 
-def _ensure_process_group(world: WorldInfo) -> None:
-    if dist.is_initialized():
-        if dist.get_world_size() != world.world_size:
-            raise RuntimeError(f"torch.distributed is initialised with world size {dist.get_world_size()}, "
-                               f"but this worker group has {world.world_size} ranks")
-        return
-    backend = "nccl" if world.device.startswith("cuda") else "gloo"
-    if world.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        # A one-rank group needs no rendezvous: an in-memory store is enough.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    else:
-        dist.init_process_group(backend, rank=world.rank, world_size=world.world_size)
-
-
 def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
     dtype = _DTYPES[spec.dtype]
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     if spec.module is not None:
         # An already loaded model is copied for every role: sharding rewrites a module in place,
@@ -215,7 +220,8 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
     if role is Role.REWARD_MODEL:
         return _load_reward_model(spec, dtype, hf_config)
     try:
-        return AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+        return auto_model_class(hf_config).from_pretrained(spec.path, dtype=dtype,
+                                                           trust_remote_code=spec.trust_remote_code)
     except ValueError as exc:
         raise ValueError(f"model.path: {spec.path!r} is not a causal language model "
                          f"({hf_config.model_type}): {exc}") from exc
@@ -270,7 +276,7 @@ class FSDPWorker(TrainingWorker):
     def __init__(self, *, config: FSDPConfig, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> None:
         self.config, self.role, self.world, self.spec = config, role, world, model
         torch.set_num_threads(max(1, world.threads))
-        _ensure_process_group(world)
+        ensure_process_group(world)
         torch.manual_seed(seed)
         self.device = torch.device(world.device)
         module = _load_module(model, role)
@@ -278,6 +284,9 @@ class FSDPWorker(TrainingWorker):
         self.lora = config.lora_rank > 0 and role is Role.ACTOR
         if self.lora:
             module = _add_lora(module, config)
+        if config.freeze_vision_tower and role is Role.ACTOR:
+            for p in _vision_tower(module).parameters():
+                p.requires_grad_(False)
         if config.activation_checkpointing and role is not Role.REFERENCE:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         from torch.distributed.device_mesh import init_device_mesh
@@ -311,6 +320,8 @@ class FSDPWorker(TrainingWorker):
             if self.sharded:
                 register_fsdp_forward_method(module, "verl_token_log_probs")
         self.packed = _wants_packing(config.remove_padding, module)
+        self.shared_prompt = self.scores_tokens and _wants_shared_prompt(config.shared_prompt, module, self.packed)
+        self.compute_dtype = _DTYPES[config.compute_dtype(str(model_dtype).removeprefix("torch."))]
         self.module = module
         self.trainable = role in (Role.ACTOR, Role.CRITIC)
         self.module.train(False)
@@ -352,15 +363,8 @@ class FSDPWorker(TrainingWorker):
         budget = self.config.micro_batch_max_tokens
         if not budget:
             return list(batch.split(size))
+        groups = batch.token_groups(budget)
         lengths = (batch.prompt_mask.sum(-1) + batch.response_attention_mask.sum(-1)).tolist()
-        groups: list[list[int]] = [[]]
-        tokens = 0
-        for i, n in enumerate(lengths):
-            if groups[-1] and tokens + n > budget:
-                groups.append([])
-                tokens = 0
-            groups[-1].append(i)
-            tokens += n
         if self.world.world_size > 1:
             # Every micro-batch is a round of FSDP collectives: ranks whose samples pack into fewer
             # micro-batches split theirs further, or their peers would wait forever.
@@ -401,7 +405,23 @@ class FSDPWorker(TrainingWorker):
         B, T = attn.shape
         P = T - R
         scored = batch.response_attention_mask.bool()
-        if self.packed:
+        vision: dict[str, torch.Tensor] = {}
+        if any(batch.multi_modal_inputs) and not is_vision_model(self.module.config):
+            raise ValueError(f"the batch has images, and the {self.role.value} model ({type(self.module).__name__}) "
+                             f"has no vision tower; use a vision-language model for image prompts")
+        if is_vision_model(self.module.config):
+            # The model's own position ids (Qwen2-VL's mRoPE: 3-D for image tokens), from padded rows.
+            input_ids = _text_responses(batch.input_ids, P, self.module.config, batch.info.get("pad_token_id", 0))
+            vision = vision_forward_inputs(batch.multi_modal_inputs, input_ids, self.module.config, self.device,
+                                           prompt_length=P)
+            position_ids = _model_position_ids(self.module, input_ids, attn, vision)
+            attention_mask = attn.to(self.device)
+            rows, cols = scored.nonzero(as_tuple=True)
+            cols = cols + P - 1
+        elif self.shared_prompt and (layout := _shared_prompt_layout(batch, self.module.config)) is not None:
+            input_ids, position_ids, segments, rows, cols = layout
+            attention_mask = _block_mask(segments, self.compute_dtype).to(self.device)
+        elif self.packed:
             # One row holding only the real tokens; position ids restart at every sequence, which
             # is how Hugging Face attention recognises packed sequences (no 2-D mask then).
             keep = attn.bool()
@@ -421,7 +441,8 @@ class FSDPWorker(TrainingWorker):
         targets = batch.response_ids[scored]
         lp, ent = self.module.verl_token_log_probs(
             input_ids.to(self.device), position_ids.to(self.device), attention_mask, rows.to(self.device),
-            cols.to(self.device), targets.to(self.device), max(1, self.config.logits_chunk_size), with_entropy)
+            cols.to(self.device), targets.to(self.device), max(1, self.config.logits_chunk_size), with_entropy,
+            vision or None)
         out_lp = lp.new_zeros(B, R).masked_scatter(scored.to(lp.device), lp)
         out_ent = ent.new_zeros(B, R).masked_scatter(scored.to(ent.device), ent) if with_entropy else None
         return out_lp, out_ent
@@ -779,16 +800,17 @@ class FSDPWorker(TrainingWorker):
             full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.world.rank != 0:
             return
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         config = self.module.config
         with torch.device("meta"):
-            fresh = AutoModelForCausalLM.from_config(config)
+            fresh = auto_model_class(config).from_config(config)
         fresh.load_state_dict(full, assign=True)
         fresh.save_pretrained(path, safe_serialization=True)
         tok_path = self.spec.tokenizer_path or self.spec.path
         if tok_path and Path(tok_path).exists():
             AutoTokenizer.from_pretrained(tok_path).save_pretrained(path)
+        _copy_processor_files(self.spec.path, path)
 
     def close(self) -> None:
         """Free the module, optimizer and device mesh now, before the process group is destroyed.
@@ -861,16 +883,23 @@ class AdapterOffReference(TrainingWorker):
 
 def _token_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
                      attention_mask: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
-                     targets: torch.Tensor, chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     targets: torch.Tensor, chunk: int, with_entropy: bool,
+                     vision: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``targets`` read from the hidden states at ``(rows, cols)``, flat ``[N]``.
 
     Bound to the root module and registered as an FSDP forward method. The LM head runs over
     ``chunk`` scored positions at a time and, when gradients are needed, each chunk but the last is
     recomputed in backward instead of kept: the float32 ``[positions, vocab]`` logits never
-    exist for more than one chunk, forward or backward.
+    exist for more than one chunk, forward or backward. A vision-language model runs its whole
+    base model (vision tower, image features merged into the embeddings, language model) with
+    ``vision``, the rows' image tensors.
     """
-    hidden = module.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state
+    if is_vision_model(module.config):
+        hidden = _base_model(module)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     use_cache=False, **(vision or {})).last_hidden_state
+    else:
+        hidden = module.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                      use_cache=False).last_hidden_state
     scored = hidden[rows, cols]
     head = module.get_output_embeddings()
 
@@ -896,12 +925,163 @@ def _token_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, position_
     return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
+def _base_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The vision-language base model under the LM head (``Qwen2VLModel``: vision tower + language model)."""
+    base = getattr(module, "model", None)
+    if base is None:
+        raise ValueError(f"{type(module).__name__}: no base model under the LM head (expected a .model)")
+    return base
+
+
+def _text_responses(input_ids: torch.Tensor, prompt_length: int, config: Any, pad_id: int) -> torch.Tensor:
+    """``input_ids`` with any vision placeholder in the responses fed as padding: the model would take
+    it for an image without pixels (engines do not sample them; one that does is not fed as an image)."""
+    response = input_ids[:, prompt_length:]
+    stray = torch.isin(response, torch.tensor(vision_token_ids(config), dtype=input_ids.dtype))
+    if not bool(stray.any()):
+        return input_ids
+    out = input_ids.clone()
+    out[:, prompt_length:][stray] = pad_id
+    return out
+
+
+def _vision_tower(module: torch.nn.Module) -> torch.nn.Module:
+    base = getattr(module, "model", module)
+    for name in ("visual", "vision_tower", "vision_model"):
+        tower = getattr(base, name, None)
+        if isinstance(tower, torch.nn.Module):
+            return tower
+    raise ValueError(f"backend.freeze_vision_tower: {type(module).__name__} has no vision tower "
+                     f"(it is not a vision-language model); unset it")
+
+
+def _model_position_ids(module: torch.nn.Module, input_ids: torch.Tensor, attn: torch.Tensor,
+                        vision: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Position ids as the model computes them in ``generate``: Qwen2-VL's mRoPE ``[3, B, T]`` (image
+    tokens on a 2-D grid, text after them), counted over each row's real tokens only."""
+    text = (attn.cumsum(-1) - 1).clamp(min=0)
+    rope_index = getattr(_base_model(module), "get_rope_index", None)
+    if rope_index is None:
+        return text
+    token_types = vision.get("mm_token_type_ids")
+    if token_types is None:
+        token_types = torch.zeros_like(input_ids, dtype=torch.int)
+    ids = input_ids.to(token_types.device)
+    positions, _ = rope_index(ids, mm_token_type_ids=token_types, image_grid_thw=vision.get("image_grid_thw"),
+                              attention_mask=attn.to(token_types.device))
+    return positions
+
+
+def _copy_processor_files(source: str | None, target: str) -> None:
+    """An export keeps the model's image processor (and any processor or chat template files)."""
+    if not source or not Path(source).is_dir():
+        return
+    import shutil
+
+    for name in ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                 "chat_template.json", "chat_template.jinja"):
+        src = Path(source) / name
+        if src.is_file() and not (Path(target) / name).exists():
+            shutil.copyfile(src, Path(target) / name)
+
+
 def _wants_packing(setting: str, module: torch.nn.Module) -> bool:
     setting = str(setting).lower()
     if setting != "auto":
         return setting == "true"
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "")
     return implementation.startswith("flash_attention")
+
+
+def _wants_shared_prompt(setting: str, module: torch.nn.Module, packed: bool) -> bool:
+    setting = str(setting).lower()
+    if setting == "false":
+        return False
+    unable = ("its forwards run packed (backend.remove_padding)" if packed
+              else "it is a vision-language model (image rows are laid out per sample)"
+              if is_vision_model(module.config) else None)
+    if unable and setting == "true":
+        raise ValueError(f"backend.shared_prompt=true: {type(module).__name__} cannot share prompts, {unable}; "
+                         f"set backend.shared_prompt to 'auto' or 'false'")
+    return unable is None
+
+
+def _shared_prompt_layout(batch: Batch, config: Any) -> tuple[torch.Tensor, ...] | None:
+    """Rows of ``[prompt, response, response, ...]`` for the samples of a batch that share a prompt.
+
+    Returns ``(input_ids, position_ids, segments, rows, cols)``: ``[G, L]`` rows, the segment of each
+    column (0 the prompt, ``k`` the row's k-th response, -1 padding; :func:`_block_mask` turns it
+    into the attention mask) and, for every scored response token in the batch's row-major order,
+    where the hidden state that predicts it is. ``None`` when no two samples share a prompt or the
+    responses are not left-aligned (the padded layout then serves the batch).
+    """
+    pm, rm = batch.prompt_mask.bool(), batch.response_attention_mask.bool()
+    lengths = rm.sum(-1)
+    R = rm.shape[1]
+    if not bool((rm == (torch.arange(R) < lengths.unsqueeze(-1))).all()) or not bool(pm.any(-1).all()):
+        return None
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(batch)):
+        groups.setdefault(tuple(batch.prompt_ids[i][pm[i]].tolist()), []).append(i)
+    if len(groups) == len(batch):
+        return None
+    width = int(getattr(config, "hidden_size", 0) or 0)
+    ffn = int(getattr(config, "intermediate_size", 0) or 4 * width)
+    mean_response = max(1.0, float(lengths.float().mean()))
+    pad_id = int(batch.info.get("pad_token_id", 0))
+    rows_ids, rows_pos, rows_seg = [], [], []
+    where: dict[int, tuple[int, int, int]] = {}  # sample -> (row, column of its prompt's last token, start)
+    for prompt, members in groups.items():
+        per_row = _responses_per_row(len(prompt), mean_response, len(members), width, ffn)
+        for s in range(0, len(members), per_row):
+            ids, pos, seg = list(prompt), list(range(len(prompt))), [0] * len(prompt)
+            for k, m in enumerate(members[s:s + per_row], start=1):
+                n = int(lengths[m])
+                where[m] = (len(rows_ids), len(prompt) - 1, len(ids))
+                ids += batch.response_ids[m, :n].tolist()
+                pos += range(len(prompt), len(prompt) + n)
+                seg += [k] * n
+            rows_ids.append(ids)
+            rows_pos.append(pos)
+            rows_seg.append(seg)
+    L = max(map(len, rows_ids))
+    input_ids = torch.tensor([r + [pad_id] * (L - len(r)) for r in rows_ids])
+    position_ids = torch.tensor([r + [0] * (L - len(r)) for r in rows_pos])
+    segments = torch.tensor([r + [-1] * (L - len(r)) for r in rows_seg])
+    rows, cols = [], []
+    for m in range(len(batch)):
+        row, last_prompt, start = where[m]
+        n = int(lengths[m])
+        rows += [row] * n
+        # Token 0 is predicted at the prompt's last token, token t at the response's token t - 1.
+        cols += [last_prompt, *range(start, start + n - 1)][:n]
+    return input_ids, position_ids, segments, torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+
+
+def _responses_per_row(prompt: int, response: float, n: int, width: int, ffn: int) -> int:
+    """How many of a prompt's ``n`` responses share one row: the fewest estimated FLOPs, counting the
+    projections and MLP per token (``8 d^2 + 6 d ffn``) and the masked attention over the whole row
+    (``4 d L^2``, which the block mask does not skip)."""
+    if not width:
+        return n
+
+    def cost(k: int) -> float:
+        rows, length = -(-n // k), prompt + k * response
+        return rows * (length * (8 * width * width + 6 * width * ffn) + 4 * width * length * length)
+
+    return min(range(1, n + 1), key=cost)
+
+
+def _block_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive ``[G, 1, L, L]`` mask of :func:`_shared_prompt_layout`'s rows: a token attends to the
+    earlier tokens of its own segment and to the prompt (segment 0); padding attends to itself only."""
+    L = segments.shape[1]
+    q, k = segments.unsqueeze(-1), segments.unsqueeze(-2)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    allowed = causal & (k >= 0) & ((k == 0) | (k == q))
+    allowed |= torch.eye(L, dtype=torch.bool)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
 
 
 def _shapes_and_dtypes(module: torch.nn.Module) -> dict[str, dict[str, Any]]:

@@ -43,7 +43,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.engine_kit import stop_token_ids
-from verl_core.interfaces import SamplingParams, StepResult
+from verl_core.interfaces import PromptIds, SamplingParams, StepResult
 from verl_core.rollout_utils import left_pad, right_pad
 
 if TYPE_CHECKING:
@@ -191,7 +191,16 @@ def _start(row: dict[str, Any], make_env: Callable[[], Any], tokenizer: Any) -> 
     messages = list(_call(env.reset, prompt=list(row.get("prompt_messages") or row.get("prompt") or []),
                           extra_info=extra))
     tools = env.tools()
-    prompt_ids = _encode(tokenizer, render_tokens(tokenizer, messages, tools, generation_prompt=True))
+    given = row.get("prompt_ids")
+    if getattr(given, "multi_modal_data", None):
+        # A prompt with images keeps the processor's tokens (and its images): the template alone
+        # cannot render them. An environment that rewrites such a prompt is refused, not run on text.
+        if tools or messages != list(row.get("prompt_messages") or []):
+            raise ValueError(f"environment {type(env).__name__} rewrote a prompt with images in reset() (or offers "
+                             f"tools); the agent loop renders images only from the data's prompt")
+        prompt_ids = given
+    else:
+        prompt_ids = _encode(tokenizer, render_tokens(tokenizer, messages, tools, generation_prompt=True))
     return _Trajectory(row=row, env=env, messages=messages, tools=tools, prompt_ids=prompt_ids)
 
 
@@ -269,6 +278,7 @@ def _to_batch(trajectories: list[_Trajectory], n: int, pad_id: int) -> Batch:
     attention = right_pad([[1] * len(t.response) for t in trajectories], 0, torch.long, width)
     meta_keys = ("ground_truth", "data_source", "extra_info", "prompt_text")
     rows = [t.row for t in trajectories]
+    vision = [PromptIds.inputs_of(t.prompt_ids) for t in trajectories]
     return Batch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -280,7 +290,10 @@ def _to_batch(trajectories: list[_Trajectory], n: int, pad_id: int) -> Batch:
         finish_reasons=[t.finish for t in trajectories],
         meta={**{k: [r.get(k) for r in rows] for k in meta_keys},
               "prompt_messages": [r.get("prompt_messages") for r in rows],
-              "transcript": [t.messages for t in trajectories], "weight_version": [None] * len(rows)},
+              "transcript": [t.messages for t in trajectories], "weight_version": [None] * len(rows),
+              **({"multi_modal_data": [getattr(t.prompt_ids, "multi_modal_data", {}) for t in trajectories]}
+                 if any(vision) else {})},
         extras={ENV_REWARDS: right_pad([t.rewards for t in trajectories], 0.0, torch.float32, width)},
         info={"pad_token_id": pad_id},
+        multi_modal_inputs=vision if any(vision) else [],
     )

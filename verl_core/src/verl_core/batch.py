@@ -54,6 +54,10 @@ class Batch:
             split and concatenated with the batch; a 2-D extra is aligned with the response tokens
             (``[B, R]``) and right-padded with 0 when widths differ. Dataflow nodes write one with the field
             name ``"extras.<name>"``.
+        multi_modal_inputs: each sample's processor tensors for the model's forward (``pixel_values``,
+            ``image_grid_thw``; ``{}`` for a text-only sample), or empty when no sample has any. A list, not a
+            tensor: samples have different numbers of image patches. It is selected, split, concatenated and
+            moved with the samples; the ``n`` samples of one prompt share their prompt's tensors.
     """
 
     prompt_ids: torch.Tensor
@@ -74,6 +78,12 @@ class Batch:
     meta: dict[str, list[Any]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    multi_modal_inputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.multi_modal_inputs and len(self.multi_modal_inputs) != len(self):
+            raise ValueError(f"multi_modal_inputs holds {len(self.multi_modal_inputs)} entries for {len(self)} "
+                             f"samples; give one per sample ({{}} for a text-only one)")
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -127,6 +137,7 @@ class Batch:
         device = torch.device(device)
         changes: dict[str, Any] = {n: t.to(device) for n, t in self.tensors().items()}
         changes["extras"] = {k: t.to(device) for k, t in self.extras.items()}
+        changes["multi_modal_inputs"] = [{k: t.to(device) for k, t in m.items()} for m in self.multi_modal_inputs]
         return self.replace(**changes)
 
     def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
@@ -138,6 +149,7 @@ class Batch:
         changes["meta"] = {k: [v[i] for i in ids] for k, v in self.meta.items()}
         changes["info"] = dict(self.info)
         changes["extras"] = {k: t.index_select(0, idx) for k, t in self.extras.items()}
+        changes["multi_modal_inputs"] = [self.multi_modal_inputs[i] for i in ids] if self.multi_modal_inputs else []
         return dataclasses.replace(self, **changes)
 
     def split(self, size: int) -> Iterator["Batch"]:
@@ -146,6 +158,20 @@ class Batch:
             raise ValueError(f"split size must be positive, got {size}")
         for start in range(0, len(self), size):
             yield self.select(range(start, min(start + size, len(self))))
+
+    def token_groups(self, budget: int) -> list[list[int]]:
+        """Consecutive sample indices packed into groups of at most ``budget`` real tokens (prompt +
+        response; a longer sample is a group of its own): token-budget micro-batches."""
+        lengths = (self.prompt_mask.sum(-1) + self.response_attention_mask.sum(-1)).tolist()
+        groups: list[list[int]] = [[]]
+        tokens = 0
+        for i, n in enumerate(lengths):
+            if groups[-1] and tokens + n > budget:
+                groups.append([])
+                tokens = 0
+            groups[-1].append(i)
+            tokens += n
+        return groups
 
     def chunk(self, parts: int) -> list["Batch"]:
         """``parts`` near-equal consecutive chunks (used to shard across data-parallel ranks)."""
@@ -207,6 +233,8 @@ class Batch:
         missing = {k for b in batches[1:] for k in b.extras} - set(batches[0].extras)
         if missing:
             raise ValueError(f"cannot concatenate batches where only some have extras {sorted(missing)}")
+        if any(b.multi_modal_inputs for b in batches):  # a text-only batch joins with {} per sample
+            out["multi_modal_inputs"] = [m for b in batches for m in (b.multi_modal_inputs or [{}] * len(b))]
         return cls(**out)
 
 

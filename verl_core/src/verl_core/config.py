@@ -38,6 +38,8 @@ __all__ = [
     "RunConfig",
     "ModelConfig",
     "DataConfig",
+    "TrainerConfig",
+    "TRAINER_MODES",
     "PluginSection",
     "ConfigSection",
     "CORE_SECTIONS",
@@ -88,6 +90,12 @@ class RunConfig:
             aside and resumes from the one before it; ``"error"`` refuses to start.
         max_restarts: times a run may restart its worker groups after a worker process died and
             resume from its last checkpoint, within the same ``verl run`` (multi-process executors).
+        val_samples: generated samples of each validation written to ``samples/val_step_<N>.jsonl``
+            (and to TensorBoard/wandb), spread over the validation set (-1: all, 0: none).
+        train_samples: samples of each training step written to ``samples/train.jsonl`` (0: none).
+        health_flat_steps: warn when every group's rewards have been identical (no learning signal
+            for group-relative advantages) for this many steps in a row (0: never).
+        health_max_kl: warn when ``ppo/kl_divergence`` or ``actor/ref_kl`` exceeds this (0: never).
     """
 
     output_dir: str = "runs/default"
@@ -108,8 +116,18 @@ class RunConfig:
     on_checkpoint_error: str = "stop"
     on_corrupt_checkpoint: str = "fallback"
     max_restarts: int = 0
+    val_samples: int = -1
+    train_samples: int = 4
+    health_flat_steps: int = 3
+    health_max_kl: float = 1.0
 
     def validate(self) -> None:
+        if self.val_samples < -1 or self.train_samples < 0:
+            raise ConfigError("val_samples" if self.val_samples < -1 else "train_samples",
+                              "must be >= 0 (val_samples: -1 writes all of them)")
+        if self.health_flat_steps < 0 or self.health_max_kl < 0:
+            raise ConfigError("health_flat_steps" if self.health_flat_steps < 0 else "health_max_kl",
+                              "must be >= 0 (0 turns the check off)")
         if self.on_checkpoint_error not in ("stop", "continue"):
             raise ConfigError("on_checkpoint_error", f"must be 'stop' or 'continue', got {self.on_checkpoint_error!r}")
         if self.on_corrupt_checkpoint not in ("fallback", "error"):
@@ -176,6 +194,9 @@ class DataConfig:
         max_bad_rows: rows that cannot be used (a line that is not JSON or not UTF-8, no prompt column, a
             malformed prompt, a prompt over the limit with ``overlong="error"``) skipped per source and
             counted in ``data/<train|val>_bad_rows``; one more stops the run naming them (0: the first stops it).
+        image_key: column with each row's images (encoded bytes, ``{"bytes", "path"}`` dicts or file paths),
+            placed where the prompt says ``<image>`` or has a ``{"type": "image"}`` part (verl_core.multimodal).
+        max_image_pixels: images with more pixels (width x height) are bad rows (see ``max_bad_rows``).
     """
 
     train: str = "builtin:addition"
@@ -194,8 +215,12 @@ class DataConfig:
     apply_chat_template: bool = True
     shuffle: bool = True
     max_bad_rows: int = 0
+    image_key: str = "images"
+    max_image_pixels: int = 4096 * 4096
 
     def validate(self) -> None:
+        if self.max_image_pixels < 1:
+            raise ConfigError("max_image_pixels", "must be at least 1 pixel")
         if self.max_bad_rows < 0:
             raise ConfigError("max_bad_rows", "must be >= 0 (0: the first bad row stops the run)")
         if self.batch_size < 1:
@@ -205,6 +230,63 @@ class DataConfig:
             raise ConfigError("overlong", f"must be one of {list(overlong)}")
         if self.max_prompt_length < 1:
             raise ConfigError("max_prompt_length", "must be at least 1 token")
+
+
+#: ``trainer.mode`` values: one step after the other, or generation of the next step overlapping training.
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+PRODUCER_PLACES = ("process", "thread")
+
+
+@dataclass
+class TrainerConfig:
+    """How generation and training are scheduled (issue 19).
+
+    Attributes:
+        mode: ``"sync"`` (generate, then train, every step; the default), ``"colocate_async"`` (a
+            producer, ``trainer.producer``, generates step N+1 on its own copy of the weights while
+            step N trains; ``run.threads`` is split between the two) or ``"separate_async"`` (the same
+            producer drives a rollout pool of its own on a multi-process executor: ``executor.name='ray'``
+            with ``executor.placement={rollout='gen'}``). A replay buffer sits between producer and trainer.
+        max_staleness: how many weight versions a sample may lag the policy it trains (1: one-step
+            off-policy; 0: always the current policy, no overlap). Sample staleness is reported in
+            ``async/staleness_*`` metrics; the algorithm's importance-sampling correction
+            (``algorithm.rollout_is_cap``, 2.0 by default when ``max_staleness > 0`` in the overlapping
+            modes, ``ASYNC_ROLLOUT_IS_CAP``) weighs stale samples.
+        on_stale: ``"wait"`` (the producer waits for new enough weights before it generates: nothing
+            is ever over the bound) or ``"drop"`` (the producer never waits for weights; batches over the
+            bound are thrown away and counted in ``async/dropped_samples``).
+        producer: where ``colocate_async``'s producer runs an engine that generates inside the trainer's
+            process (the ``hf`` rollout): ``"process"`` (the default: a child process with an engine of its
+            own and ``producer_threads`` torch threads, weights synced through shared memory; the trainer
+            keeps all of ``run.threads``, the cores are time-shared while both run) or ``"thread"`` (a thread of the trainer's process; both sides
+            then share its interpreter lock and its one torch thread pool, ``producer_threads`` threads each).
+            Engines that already generate in processes of their own (``vllm``, ``sglang``) are used as they are.
+        producer_threads: torch threads of the producer in ``colocate_async`` (0: half of ``run.threads``,
+            at least one).
+    """
+
+    mode: str = "sync"
+    max_staleness: int = 1
+    on_stale: str = "wait"
+    producer: str = "process"
+    producer_threads: int = 0
+
+    def validate(self) -> None:
+        if self.mode not in TRAINER_MODES:
+            raise ConfigError("mode", f"must be one of {list(TRAINER_MODES)}, got {self.mode!r}")
+        if self.max_staleness < 0:
+            raise ConfigError("max_staleness", f"must be >= 0 weight versions (0: on-policy, 1: one-step "
+                                               f"off-policy), got {self.max_staleness}")
+        if self.on_stale not in ("wait", "drop"):
+            raise ConfigError("on_stale", f"must be 'wait' or 'drop', got {self.on_stale!r}")
+        if self.producer not in PRODUCER_PLACES:
+            raise ConfigError("producer", f"must be one of {list(PRODUCER_PLACES)}, got {self.producer!r}")
+        if self.producer_threads < 0:
+            raise ConfigError("producer_threads", "must be >= 0 (0: half of run.threads)")
+
+    @property
+    def is_async(self) -> bool:
+        return self.mode != "sync"
 
 
 @dataclass
@@ -258,6 +340,8 @@ CORE_SECTIONS: dict[str, ConfigSection] = {
     "executor": ConfigSection(plugin_kind="executor", default="local"),
     # [environment]: a multi-turn environment plugin and its settings (none by default).
     "environment": ConfigSection(plugin_kind="environment", default=""),
+    # [trainer]: how generation and training are scheduled (sync, or overlapping: issue 19).
+    "trainer": ConfigSection(schema=TrainerConfig),
 }
 
 
@@ -304,6 +388,7 @@ class Config:
     run: RunConfig
     model: ModelConfig
     data: DataConfig
+    trainer: TrainerConfig
     reward: PluginSection
     backend: PluginSection
     rollout: PluginSection
@@ -418,6 +503,8 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         profile = "own model (each section's defaults" + (
             f"; data.max_prompt_length and rollout.max_new_tokens fitted to its max_position_embeddings="
             f"{max_positions})" if fitted else "; no builtin: model preset)")
+    raw, async_default = _with_async_defaults(raw, registry, sections)
+    profile += async_default
     for section, value in raw.items():
         if section not in known:
             raise ConfigError(section, f"unknown section{_suggest(section, known)}; sections are {known}")
@@ -442,6 +529,34 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
     return Config(built, sections, raw=user, profile=profile)
+
+
+#: The truncated importance-sampling cap the overlapping trainer modes weigh stale samples with, unless the
+#: algorithm section sets ``rollout_is_cap`` (0 turns it off). Measured in bench/results/async_curves.md: without
+#: it, one-step off-policy GRPO on the built-in task ended 9 points below sync over 3 seeds; with it, level.
+ASYNC_ROLLOUT_IS_CAP = 2.0
+
+
+def _with_async_defaults(raw: Mapping[str, Any], registry: Any, sections: Mapping[str, Any],
+                         ) -> tuple[Mapping[str, Any], str]:
+    """In an overlapping trainer mode with stale samples allowed, the algorithm's importance-sampling
+    correction is on (``ASYNC_ROLLOUT_IS_CAP``) unless the user set it, or reuses the rollout's log-probs."""
+    trainer = raw.get("trainer") if isinstance(raw.get("trainer"), Mapping) else {}
+    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
+    try:
+        stale = trainer.get("mode", TrainerConfig.mode) != "sync" and int(trainer.get("max_staleness", 1)) > 0
+    except (TypeError, ValueError):  # the trainer section's own check names the bad value
+        return raw, ""
+    if not stale or "rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True:
+        return raw, ""
+    name = algorithm.get("name", sections["algorithm"].default)
+    config_cls = getattr(registry.load("algorithm", name), "Config", None) if isinstance(name, str) else None
+    if config_cls is None or "rollout_is_cap" not in {f.name for f in dataclasses.fields(config_cls)}:
+        return raw, ""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    out["algorithm"] = {**algorithm, "rollout_is_cap": ASYNC_ROLLOUT_IS_CAP}
+    return out, (f"; trainer.mode={trainer.get('mode')!r} sets algorithm.rollout_is_cap={ASYNC_ROLLOUT_IS_CAP} "
+                 f"(truncated importance weights for stale samples; algorithm.rollout_is_cap=0 turns them off)")
 
 
 def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str, Any]:

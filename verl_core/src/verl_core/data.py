@@ -15,8 +15,13 @@ Each loaded row becomes a dict with ``prompt_ids``, ``prompt_text``, ``prompt_me
 Prompts are rendered with the tokenizer's chat template (or kept as raw text), and prompts longer than
 ``data.max_prompt_length`` are dropped and counted, truncated, or refused, as ``data.overlong`` says.
 Rows that cannot be used at all (a jsonl line that is not UTF-8 or not JSON, no prompt column, a
-malformed prompt, a prompt over the limit with ``overlong="error"``) stop the run, naming the row, or
-with ``data.max_bad_rows = N`` up to N of them per source are skipped and counted (``data/<split>_bad_rows``).
+malformed prompt, a prompt over the limit with ``overlong="error"``, a corrupt or oversized image) stop
+the run, naming the row, or with ``data.max_bad_rows = N`` up to N of them per source are skipped and
+counted (``data/<split>_bad_rows``).
+
+Rows with images (``data.image_key``, ``<image>`` placeholders or ``{"type": "image"}`` content parts)
+are rendered by the model's image-text processor (:mod:`verl_core.multimodal`); their ``prompt_ids`` is a
+:class:`~verl_core.interfaces.PromptIds` carrying the images. A model without one refuses them.
 """
 
 from __future__ import annotations
@@ -254,7 +259,10 @@ def _messages(prompt: Any, *, source: str, index: int, prompt_key: str, system_p
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) and "content" in m for m in prompt):
-        messages = [{"role": str(m.get("role") or "user"), "content": str(m["content"])} for m in prompt]
+        # Content parts (text and images) stay a list; anything else is text.
+        messages = [{"role": str(m.get("role") or "user"),
+                     "content": list(m["content"]) if isinstance(m["content"], (list, tuple)) else str(m["content"])}
+                    for m in prompt]
     else:
         raise DataError(f"{source}: row {index}: column {prompt_key!r} must be a string or a list of chat messages "
                         f"({{'role': ..., 'content': ...}}), got {type(prompt).__name__}: {str(prompt)[:80]!r}")
@@ -277,16 +285,21 @@ def _cut(ids: list[int], limit: int, mode: str) -> list[int]:
 def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: str = "prompt",
                 answer_key: str = "answer", max_prompt_length: int = 512, overlong: str = "filter",
                 apply_chat_template: bool = True, source: str = "data", system_prompt: str = "",
-                data_source: str = "", max_bad_rows: int = 0, bad: Sequence[str] = ()
-                ) -> tuple[list[dict[str, Any]], PromptStats]:
+                data_source: str = "", max_bad_rows: int = 0, bad: Sequence[str] = (), processor: Any = None,
+                image_key: str = "images", max_image_pixels: int = 0) -> tuple[list[dict[str, Any]], PromptStats]:
     """Render and tokenize prompts (see the module docstring). Returns ``(rows, stats)``.
 
     ``max_bad_rows`` rows that lack the prompt column, have a malformed prompt or (with
     ``overlong="error"``) a prompt that is too long are skipped and counted; ``bad`` are the
     unreadable lines the loader already skipped, counted against the same limit.
 
+    Rows with images need ``processor`` (:func:`verl_core.multimodal.load_processor`); a corrupt
+    image, or one of more than ``max_image_pixels`` pixels, makes a bad row. A prompt with images
+    that is too long is dropped (``overlong="filter"`` or a truncation: cutting would cut images) or
+    a bad row (``"error"``).
+
     Raises:
-        DataError: a bad row past ``max_bad_rows``, or no row is left.
+        DataError: a bad row past ``max_bad_rows``, a row with images and no ``processor``, or no row is left.
     """
     if overlong not in OVERLONG_MODES:
         raise DataError(f"data.overlong={overlong!r}: use one of {list(OVERLONG_MODES)}")
@@ -298,6 +311,7 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
     texts: list[str] = []
     all_messages: list[list[dict[str, str]]] = []
     usable: list[dict[str, Any]] = []
+    with_images: dict[int, Any] = {}  # index in texts -> the PromptIds the processor made
     for i, row in enumerate(rows):
         if prompt_key not in row or row[prompt_key] is None:
             stats.skip_bad(f"row {i} has no {prompt_key!r} column; columns are "
@@ -310,7 +324,13 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
         except DataError as exc:
             stats.skip_bad(str(exc).removeprefix(f"{source}: "), source=source, limit=max_bad_rows)
             continue
-        if use_template:
+        images = _images_of(row, i, messages, processor=processor, image_key=image_key, source=source,
+                            max_image_pixels=max_image_pixels, stats=stats, limit=max_bad_rows)
+        if images is None:
+            continue
+        if images[0] is not None:
+            messages, with_images[len(texts)], text = images
+        elif use_template:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         elif isinstance(prompt, str) and not system_prompt:
             text = prompt
@@ -323,8 +343,11 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
     encoded = tokenizer(texts, add_special_tokens=not use_template)["input_ids"] if texts else []
     out: list[dict[str, Any]] = []
     for i, (row, text, messages, ids) in enumerate(zip(usable, texts, all_messages, encoded)):
-        ids = list(ids)
+        ids = with_images.get(i) or list(ids)
         if len(ids) > max_prompt_length:
+            if overlong != "error" and i in with_images:
+                stats.dropped += 1  # truncating would cut image tokens off their image
+                continue
             if overlong == "error":
                 stats.skip_bad(f"row {i} has a {len(ids)}-token prompt, longer than data.max_prompt_length="
                                f"{max_prompt_length} (raise it, or set data.overlong to 'filter' or 'truncate_left')",
@@ -351,6 +374,31 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
     return out, stats
 
 
+def _images_of(row: dict[str, Any], index: int, messages: list[dict[str, Any]], *, processor: Any, image_key: str,
+               source: str, max_image_pixels: int, stats: PromptStats, limit: int) -> Any:
+    """For a row with images: ``(messages with image parts, PromptIds, rendered text)``; ``(None,)`` for a
+    text-only row; ``None`` for a bad row that was skipped and counted."""
+    from verl_core import multimodal
+
+    raw = multimodal.row_images(row, image_key)
+    parts, placeholders = multimodal.image_messages(messages)
+    if not raw and not placeholders:
+        return (None,)
+    if processor is None:
+        raise DataError(f"{source}: row {index} has {len(raw)} images, and the model has no image processor and "
+                        f"vision tower (preprocessor_config.json and a vision_config); use a vision-language model "
+                        f"(e.g. builtin:tiny-qwen2-vl), or drop the {image_key!r} column for a text-only run")
+    base = Path(source).expanduser().parent if Path(source).expanduser().is_file() else None
+    try:
+        images = [multimodal.decode_image(v, max_pixels=max_image_pixels or multimodal.DEFAULT_MAX_IMAGE_PIXELS,
+                                          base_dir=base) for v in raw]
+        prompt, text = processor.encode(parts, images)
+    except ValueError as exc:
+        stats.skip_bad(f"row {index}: {exc}", source=source, limit=limit)
+        return None
+    return parts, prompt, text
+
+
 def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: str, answer_key: str,
                   max_prompt_length: int, overlong: str, apply_chat_template: bool, source: str,
                   system_prompt: str = "", data_source: str = "") -> tuple[list[dict[str, Any]], int]:
@@ -362,12 +410,13 @@ def tokenize_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key:
     return out, stats.dropped
 
 
-def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format: str = "prompts",
+def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format: str = "prompts", processor: Any = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
     """Training and validation prompts from a :class:`~verl_core.config.DataConfig`.
 
     ``format`` is the algorithm's :attr:`~verl_core.interfaces.Requirements.data`, asked of a ``builtin:``
-    training set (validation always generates from prompts). Returns ``(train_rows, val_rows, stats)``;
+    training set (validation always generates from prompts); ``processor`` renders rows with images
+    (:func:`verl_core.multimodal.load_processor`). Returns ``(train_rows, val_rows, stats)``;
     ``stats`` holds ``data/...`` counts for the metrics. Dropped and truncated prompts are also reported
     on the ``verl.data`` logger.
     """
@@ -375,7 +424,8 @@ def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format:
     common = dict(prompt_key=config.prompt_key, answer_key=config.answer_key,
                   max_prompt_length=config.max_prompt_length, overlong=config.overlong,
                   apply_chat_template=config.apply_chat_template, system_prompt=config.system_prompt,
-                  data_source=config.data_source, max_bad_rows=limit)
+                  data_source=config.data_source, max_bad_rows=limit, processor=processor,
+                  image_key=config.image_key, max_image_pixels=config.max_image_pixels)
     unreadable: list[str] | None = [] if limit else None
     train_rows = load_rows(config.train, split=config.train_split, registry=registry, format=format, bad=unreadable)
     train, train_stats = render_rows(train_rows, tokenizer, source=config.train, bad=unreadable or (), **common)

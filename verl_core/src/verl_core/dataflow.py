@@ -34,7 +34,8 @@ from verl_core.batch import Batch
 
 from verl_core.interfaces import Algorithm, RolloutRequest
 
-__all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError"]
+__all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "old_log_probs_reusable",
+           "DetachedOldLogProbs"]
 
 # Pseudo-field every node reads; a node that writes it (generation, filtering) replaces the whole
 # batch and so acts as a barrier.
@@ -86,6 +87,11 @@ class StepContext:
         make_environment: creates one environment per trajectory when the run has one
             (``[environment]``); the rollout stage then runs the multi-turn loop.
         environment_config: that environment's settings (max turns, token budget, concurrency).
+        produced: the step's scored batch, already made by the overlapping modes' producer; the
+            rollout node then takes it instead of generating (``trainer.mode``).
+        staleness: how many weight versions the batch lags the policy it trains (0: on-policy).
+        reuse_update_log_probs: the run allows skipping the old-log-prob forward where it provably
+            equals the update's own log-probs detached (see :func:`old_log_probs_reusable`).
     """
 
     step: int
@@ -108,14 +114,28 @@ class StepContext:
     engine_released: bool = False
     make_environment: Callable[[], Any] | None = None
     environment_config: Any = None
+    produced: Batch | None = None
+    staleness: int = 0
+    reuse_update_log_probs: bool = False
 
 
 class Dataflow:
-    """An ordered, validated set of nodes."""
+    """An ordered, validated set of nodes.
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    Attributes:
+        rollout_request: what the rollout node asks of the rollout stage (None: the step has no rollout
+            node, as offline algorithms); the overlapping trainer modes' producer runs the stage with it.
+        old_log_probs_only_for_update: the old log-probs come from the actor's own forward and only the
+            builder's actor update reads them, so the update may compute them itself (see
+            :func:`old_log_probs_reusable`).
+    """
+
+    def __init__(self, nodes: Sequence[Node], *, rollout_request: RolloutRequest | None = None,
+                 old_log_probs_only_for_update: bool = False) -> None:
         self.nodes = list(nodes)
         self.levels = _levels(self.nodes)
+        self.rollout_request = rollout_request
+        self.old_log_probs_only_for_update = old_log_probs_only_for_update
 
     def describe(self) -> str:
         """One line per level: nodes on the same line may run concurrently."""
@@ -226,6 +246,10 @@ class DataflowBuilder:
 
     def __init__(self) -> None:
         self._nodes: list[Node] = []
+        self._rollout_request: RolloutRequest | None = None
+        # Names of the standard nodes that compute old log-probs on the actor and that update the actor.
+        self._actor_old_log_probs: set[str] = set()
+        self._actor_updates: set[str] = set()
 
     def node(self, name: str, fn: Callable[[StepContext], Any], *, reads: Sequence[str] = (),
              writes: Sequence[str] = (), after: Sequence[str] = (), role: str | None = None) -> str:
@@ -234,7 +258,12 @@ class DataflowBuilder:
         return name
 
     def build(self) -> Dataflow:
-        return Dataflow(self._nodes)
+        writers = {n.name for n in self._nodes if "old_log_probs" in n.writes}
+        readers = {n.name for n in self._nodes if "old_log_probs" in n.reads}
+        only_for_update = (len(writers) == 1 and writers <= self._actor_old_log_probs
+                           and bool(readers) and readers <= self._actor_updates)
+        return Dataflow(self._nodes, rollout_request=self._rollout_request,
+                        old_log_probs_only_for_update=only_for_update)
 
     # ------------------------------------------------------------ standard nodes
     def rollout(self, request: RolloutRequest = RolloutRequest()) -> str:
@@ -246,6 +275,7 @@ class DataflowBuilder:
         """
         from verl_core import rollout_stage
 
+        self._rollout_request = request
         writes = [BATCH, "scores", "token_rewards"]
         if request.greedy_baseline:
             writes.append(EXTRAS_PREFIX + rollout_stage.BASELINE)
@@ -269,6 +299,7 @@ class DataflowBuilder:
         """
         if from_rollout:
             return self.node("old_log_probs", _rollout_log_probs, reads=("response_ids",), writes=("old_log_probs",))
+        self._actor_old_log_probs.add("old_log_probs")
         return self.node("old_log_probs", _old_log_probs, reads=("response_ids",), writes=("old_log_probs",),
                          role="actor")
 
@@ -308,9 +339,13 @@ class DataflowBuilder:
         """Optimise the policy with the algorithm's loss (``reads``: the fields that loss uses)."""
         def fn(ctx: StepContext) -> None:
             cfg = algorithm.config
-            ctx.metrics.update(ctx.actor.update_policy(ctx.batch, loss_fn=algorithm.policy_loss,
+            loss_fn = algorithm.policy_loss
+            if "old_log_probs" in reads and ctx.batch.old_log_probs is None:
+                loss_fn = DetachedOldLogProbs(loss_fn)  # the old-log-prob node left them to the update
+            ctx.metrics.update(ctx.actor.update_policy(ctx.batch, loss_fn=loss_fn,
                                                        mini_batch_size=cfg.mini_batch_size, epochs=cfg.epochs))
 
+        self._actor_updates.add("update_actor")
         return self.node("update_actor", fn, reads=tuple(reads), role="actor")
 
 
@@ -321,11 +356,43 @@ def _rollout_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:
     return {"old_log_probs": ctx.batch.rollout_log_probs}
 
 
-def _old_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:
+def old_log_probs_reusable(ctx: StepContext) -> bool:
+    """Whether this step's old log-probs are the update's own log-probs, detached, so their forward can go.
+
+    They are when the policy that generated the batch is the one being updated (``ctx.staleness == 0``)
+    and the update takes one gradient step on the whole batch (one epoch, one mini-batch): its first
+    forward then runs on the weights the old-log-prob forward would have used. The run decides the
+    rest (``ctx.reuse_update_log_probs``): only the actor's update reads them, the log-probs come from
+    the trainer (not the engine's, ``use_rollout_log_probs``), and the forward is deterministic (no
+    dropout). The PPO ratio is then exactly 1 in value, as TRL computes it in this case.
+    """
+    cfg = getattr(ctx.algorithm, "config", None)
+    if not ctx.reuse_update_log_probs or ctx.staleness != 0 or cfg is None:
+        return False
+    mini = getattr(cfg, "mini_batch_size", 0)
+    return getattr(cfg, "epochs", 1) == 1 and (not mini or mini >= len(ctx.batch))
+
+
+class DetachedOldLogProbs:
+    """A policy loss whose micro-batches get ``old_log_probs = log_probs.detach()`` (a class, so it pickles)."""
+
+    def __init__(self, loss_fn: Callable[..., Any]) -> None:
+        self.loss_fn = loss_fn
+
+    def __call__(self, *, batch: Batch, log_probs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        return self.loss_fn(batch=batch.replace(old_log_probs=log_probs.detach()), log_probs=log_probs, **kwargs)
+
+
+def _old_log_probs(ctx: StepContext) -> dict[str, torch.Tensor | None]:
     from verl_core.rollout_utils import check_log_prob_gap
 
+    reused = old_log_probs_reusable(ctx)
+    ctx.metrics["actor/old_log_probs_reused"] = float(reused)
+    if reused:
+        return {"old_log_probs": None}
     old = ctx.actor.compute_log_probs(ctx.batch, with_entropy=False).log_probs
-    if ctx.batch.rollout_log_probs is not None:
+    if ctx.batch.rollout_log_probs is not None and ctx.staleness == 0:
+        # A stale batch came from older weights on purpose: its gap is the off-policy-ness, not a broken sync.
         check_log_prob_gap(ctx, old, ctx.batch)
     return {"old_log_probs": old}
 

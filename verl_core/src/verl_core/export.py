@@ -31,9 +31,10 @@ def export_checkpoint(path: str | os.PathLike, out_dir: str | os.PathLike, *,
     model_path = resolve_model_path(cfg.model.path, registry)
     spec = ModelSpec(path=model_path, tokenizer_path=cfg.model.tokenizer or model_path, dtype=cfg.model.dtype,
                      trust_remote_code=cfg.model.trust_remote_code)
-    backend = registry.load("backend", cfg.backend.name)(cfg.backend.config)
+    # One process here, whatever layout wrote the checkpoint: the backend reshards its state on load.
+    backend = registry.load("backend", cfg.backend.name)(cfg.backend.config.for_single_process())
     worker = backend.create_worker(role=Role.ACTOR, model=spec, world=WorldInfo(), seed=cfg.run.seed)
-    worker.load_state(str(ckpt / "actor"))
+    worker.load_saved_weights(str(ckpt / "actor"))  # the optimizer state is not needed to write the weights
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     worker.export_hf(str(out_dir))
     worker.close()

@@ -54,8 +54,23 @@ class HookSpecs:
         """Metrics are emitted (after each step and after each validation)."""
 
     @hookspec
+    def verl_validation_start(self, step: int, samples: int) -> None:
+        """A validation pass of ``samples`` generations begins at ``step``."""
+
+    @hookspec
     def verl_validation_end(self, step: int, metrics: dict[str, float]) -> None:
         """A validation pass finished at ``step`` (0 = before training)."""
+
+    @hookspec
+    def verl_samples(self, step: int, split: str, samples: list[dict[str, Any]]) -> None:
+        """Generated samples of ``split`` (``"val"``: a validation; ``"train"``: a few of a step), one dict
+        per sample with the keys of :data:`verl_core.samples.SAMPLE_FIELDS` (plus ``transcript`` with
+        an environment: the multi-turn messages, tool calls included)."""
+
+    @hookspec
+    def verl_health(self, step: int, check: str, message: str) -> None:
+        """A health check failed at ``step`` (``check``: ``flat_rewards``, ``all_truncated``, ``kl``,
+        ``no_validation``, ``weight_sync_gap``); ``message`` says what it means and what to do."""
 
     @hookspec
     def verl_checkpoint_saved(self, step: int, path: Path) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "TrainingBackend",
     "BackendConfig",
     "SamplingParams",
+    "PromptIds",
     "RolloutOutput",
     "RolloutEngine",
     "RolloutConfig",
@@ -89,13 +90,38 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class WorldInfo:
-    """Where a worker sits in its worker group."""
+    """Where a worker sits in its worker group, and in the group's parallel mesh.
+
+    Executors fill in the first five fields. A backend that splits its ranks into model-parallel
+    groups (tensor ``tp``, pipeline ``pp``) keeps its own copy with the mesh filled in as the
+    worker's ``world`` attribute; executors read it after building the worker. ``"split"`` calls
+    are then cut into ``dp_size`` shards, every rank of data-parallel group ``d`` gets shard ``d``,
+    and each group's result is read from its :attr:`is_output_rank` (not once per model-parallel
+    rank). Unset, the mesh is pure data parallel: ``dp_rank = rank``, ``dp_size = world_size``.
+    """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: str = "cpu"
     threads: int = 1
+    dp_rank: int | None = None
+    dp_size: int | None = None
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dp_rank is None:
+            object.__setattr__(self, "dp_rank", self.rank)
+        if self.dp_size is None:
+            object.__setattr__(self, "dp_size", self.world_size)
+
+    @property
+    def is_output_rank(self) -> bool:
+        """The rank whose results stand for its data-parallel group: tensor rank 0 of the last pipeline stage."""
+        return self.tp_rank == 0 and self.pp_rank == self.pp_size - 1
 
 
 @dataclass
@@ -205,6 +231,16 @@ class BackendConfig:
         """The dtype forward passes run in (``model.dtype`` unless the backend casts, e.g. mixed precision)."""
         return model_dtype
 
+    def for_single_process(self) -> BackendConfig:
+        """These settings with any parallel layout collapsed to one process.
+
+        ``verl export`` builds the actor from a checkpoint's saved config in one process, whatever
+        group size wrote it, and loads the state resharded. A backend whose settings name a layout
+        (tensor or pipeline parallel sizes) returns a copy with that layout at 1; its ``load_state``
+        must then read state saved at the original layout. The default has no layout: ``self``.
+        """
+        return self
+
     def validate(self) -> None:
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError("lr_schedule: must be 'constant' or 'cosine'")
@@ -281,6 +317,16 @@ class TrainingWorker(abc.ABC):
         """Restore what :meth:`save_state` wrote."""
         raise NotImplementedError
 
+    @dispatch("all")
+    def load_saved_weights(self, path: str) -> None:
+        """Restore only the model weights of what :meth:`save_state` wrote (``verl export`` needs no more).
+
+        The default restores everything with :meth:`load_state`. A backend whose optimizer state is
+        costly to allocate and read (Adam's moments are twice the weights) overrides it to read the
+        weights alone; the optimizer, scheduler and random streams are then left as they were.
+        """
+        self.load_state(path)
+
     @dispatch("broadcast")
     def export_hf(self, path: str) -> None:
         """Write a ``save_pretrained`` Hugging Face directory of the current weights."""
@@ -311,6 +357,14 @@ class TrainingBackend(abc.ABC):
         started from a model with a one-label score head (a critic, a reward model) keeps that head.
         """
 
+    def check(self, *, model: ModelSpec, world_size: int) -> None:
+        """Check the settings against the model and the group's size before any worker starts.
+
+        The trainer calls it once, before any model loads; raise
+        :class:`~verl_core.config.ConfigError` naming the key (a parallel layout that does not divide
+        the model's heads or layers, or the world size). The default checks nothing.
+        """
+
 
 # ----------------------------------------------------------------------------- rollout
 @dataclass
@@ -326,6 +380,44 @@ class SamplingParams:
     seed: int | None = None
     greedy: bool = False
     logprobs: bool = True
+
+
+class PromptIds(list):
+    """A prompt's token ids (a ``list[int]``) and the multi-modal data that goes with them.
+
+    What :meth:`RolloutEngine.generate` receives for each prompt. A plain list of ints is a
+    text-only prompt; a prompt with images is a ``PromptIds`` whose ids already hold the
+    processor's placeholder tokens (one per image token), with:
+
+    * ``multi_modal_data``: the raw inputs by modality, ``{"image": [PIL images]}`` (what engines
+      that run their own processor take, e.g. vLLM's ``multi_modal_data``);
+    * ``multi_modal_inputs``: the processor's tensors for the model's forward (``pixel_values``,
+      ``image_grid_thw``), which the batch carries per sample to the training backend.
+
+    ``prompt + more_ids`` keeps the data (the agent loop appends turns), so code that treats a
+    prompt as a list keeps working. An engine that reads the data declares
+    :attr:`RolloutEngine.accepts_multi_modal`; the rollout stage refuses to hand images to one
+    that does not, rather than let it sample from the text alone.
+    """
+
+    def __init__(self, ids: Iterable[int] = (), *, multi_modal_data: dict[str, list[Any]] | None = None,
+                 multi_modal_inputs: dict[str, torch.Tensor] | None = None) -> None:
+        super().__init__(ids)
+        self.multi_modal_data = multi_modal_data or {}
+        self.multi_modal_inputs = multi_modal_inputs or {}
+
+    def __add__(self, other: Iterable[int]) -> "PromptIds":  # type: ignore[override]
+        return PromptIds([*self, *other], multi_modal_data=self.multi_modal_data,
+                         multi_modal_inputs=self.multi_modal_inputs)
+
+    def __repr__(self) -> str:
+        kinds = {k: len(v) for k, v in self.multi_modal_data.items()}
+        return f"PromptIds({list.__repr__(self)}, multi_modal={kinds})"
+
+    @staticmethod
+    def inputs_of(prompt: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The processor tensors of ``prompt`` (``{}`` for a text-only prompt)."""
+        return getattr(prompt, "multi_modal_inputs", None) or {}
 
 
 @dataclass
@@ -438,6 +530,8 @@ class RolloutEngine(abc.ABC):
             base weights plus an adapter, so a sync sends only the adapter).
         seeded_sampling: False for an engine that cannot honour ``SamplingParams.seed`` (the same
             seed then does not repeat a sample, and a resumed run samples anew).
+        accepts_multi_modal: True when :meth:`generate` uses the images a :class:`PromptIds`
+            carries; prompts with images are refused by engines that leave it False.
     """
 
     Config: ClassVar[type[RolloutConfig]] = RolloutConfig
@@ -445,6 +539,7 @@ class RolloutEngine(abc.ABC):
     supports_memory_release: ClassVar[bool] = False
     follows_actor_weights: ClassVar[bool] = True
     seeded_sampling: ClassVar[bool] = True
+    accepts_multi_modal: ClassVar[bool] = False
 
     def __init__(self, *, config: RolloutConfig, model: ModelSpec, tokenizer: Any,
                  actor: TrainingWorker | None = None, world: WorldInfo = WorldInfo()) -> None:
@@ -456,7 +551,8 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
-        """Sample ``sampling.n`` responses for each prompt (given as token ids, no re-tokenising)."""
+        """Sample ``sampling.n`` responses for each prompt (given as token ids, no re-tokenising; a
+        :class:`PromptIds` also carries its images)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights in place with the given (name, full tensor) stream."""
@@ -528,11 +624,16 @@ class Requirements:
             ``chosen`` and ``rejected`` columns: the offline preference algorithms). A ``builtin:``
             dataset is asked for rows in this format (:attr:`DatasetProvider.formats`); one that
             cannot give them fails before any model loads. Data files are used as they are.
+        off_policy: the algorithm trains correctly on samples a few weight versions old (its loss
+            has an importance ratio against the sampling policy), so the overlapping trainer modes
+            (``trainer.mode = "colocate_async"``/``"separate_async"``) may feed it; those modes refuse
+            an algorithm that leaves this false.
     """
 
     critic: bool = False
     reference: bool = False
     data: str = "prompts"
+    off_policy: bool = False
 
 
 @dataclass(frozen=True)
@@ -833,6 +934,22 @@ class Executor(abc.ABC):
         dispatches ``generate`` and ``load_weights`` to them.
         """
         return engine(config=config, model=model, tokenizer=tokenizer, actor=actor)
+
+    @classmethod
+    def trainer_mode_problem(cls, config: ExecutorConfig, mode: str) -> str | None:
+        """Why this executor cannot place the rollout producer of ``trainer.mode`` (None: it can).
+
+        Asked before any model loads; the trainer reports the answer as an error on ``trainer.mode``. The
+        overlapping modes run a producer thread in the controller. ``"colocate_async"`` gives it an engine
+        in the controller's process (its own copy of the weights where the run's engine shares the
+        actor's), which an in-process executor can; ``"separate_async"`` needs a rollout pool on processes
+        of its own, which the default cannot place.
+        """
+        if mode == "separate_async":
+            return (f"'separate_async' needs a rollout pool on processes of its own, which the {cls.__name__} "
+                    f"cannot place; use trainer.mode='colocate_async', or executor.name='ray' with "
+                    f"executor.pools={{gen=1}} and executor.placement={{rollout='gen'}}")
+        return None
 
     def run_parallel(self, tasks: Sequence[Callable[[], Any]]) -> list[Any]:
         """Run independent tasks; the default runs them one after the other."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -45,10 +47,10 @@ class ConsoleLogger:
         if sys.stdout.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("RL steps"), BarColumn(), MofNCompleteColumn(),
-                                      TimeRemainingColumn(), transient=True)
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeRemainingColumn(), TextColumn("{task.fields[figures]}"), transient=True)
             self._progress.start()
-            self._task = self._progress.add_task("train", total=max_steps, completed=start_step)
+            self._task = self._progress.add_task("RL steps", total=max_steps, completed=start_step, figures="")
 
     def _print(self, line: str) -> None:
         if self._progress is not None:
@@ -65,17 +67,28 @@ class ConsoleLogger:
             eta = (time.perf_counter() - self._start) / done * (self._max_steps - step)
             parts.append(f"eta {eta:.0f}s")
         self._print(" | ".join(parts))
+        if self._progress is not None:  # the bar keeps the latest figures in view
+            self._progress.update(self._task, completed=step, figures=" | ".join(parts[1:]))
+
+    @hookimpl
+    def verl_validation_start(self, step: int, samples: int) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=step)
+            self._progress.update(self._task, description=f"validating {samples} samples @ step {step}")
 
     @hookimpl
     def verl_validation_end(self, step: int, metrics: dict[str, float]) -> None:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("val/"))
         self._print(f"validation @ step {step}: {shown}")
+        if self._progress is not None:
+            self._progress.update(self._task, description="RL steps")
 
     @hookimpl
     def verl_checkpoint_saved(self, step: int, path: Path) -> None:
         self._print(f"checkpoint saved: {path}")
+
+    @hookimpl
+    def verl_health(self, step: int, check: str, message: str) -> None:
+        self._print(f"warning (step {step}, {check}): {message}")
 
     @hookimpl
     def verl_run_rewound(self, step: int, reason: str) -> None:
@@ -90,15 +103,52 @@ class ConsoleLogger:
         self._print(f"verl: run {status} at step {step}" + (f": {error}" if error else ""))
 
 
+def _drop_after(path: Path, step: int) -> None:
+    """Remove the JSON lines of ``path`` whose ``step`` is past ``step`` (atomically)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _append(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(row, default=str) + "\n" for row in rows))
+
+
 class JsonlLogger:
-    """Appends one JSON object per emitted metrics dict to ``<run_dir>/metrics.jsonl``."""
+    """The run directory's own record, in files any tool can read while the run writes them.
+
+    - ``metrics.jsonl``: one JSON object per emitted metrics dict (``{"step": N, ...}``);
+    - ``samples/val_step_<N>.jsonl`` (each validation) and ``samples/train.jsonl`` (a few per step):
+      generated samples, one per line (``run.val_samples``, ``run.train_samples``);
+    - ``health.jsonl``: the health checks that failed (``{"step", "check", "message", "time"}``);
+    - ``status.json``: ``running`` (with the pid and host), then ``completed``, ``failed`` (with the
+      error) or ``interrupted``.
+    """
 
     def __init__(self) -> None:
         self._file = None
+        self._run_dir: Path | None = None
+        self._status: dict[str, Any] = {}
+
+    def _write_status(self, **changes: Any) -> None:
+        self._status.update(changes, updated=time.time())
+        path = self._run_dir / "status.json"
+        tmp = path.with_name("status.json.tmp")
+        tmp.write_text(json.dumps(self._status, indent=1), encoding="utf-8")
+        tmp.replace(path)
 
     @hookimpl
     def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int) -> None:
-        self._file = open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8")
+        self._run_dir = Path(run_dir)
+        self._file = open(self._run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._status = {}
+        self._write_status(status="running", pid=os.getpid(), host=socket.gethostname(), start_step=start_step,
+                           max_steps=max_steps, started=time.time(), error=None)
 
     @hookimpl
     def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -107,18 +157,39 @@ class JsonlLogger:
         self._file.flush()
 
     @hookimpl
+    def verl_samples(self, step: int, split: str, samples: list[dict[str, Any]]) -> None:
+        folder = self._run_dir / "samples"
+        folder.mkdir(exist_ok=True)
+        if split == "val":  # a validation is written whole, so a reader never sees half of one
+            path = folder / f"val_step_{step}.jsonl"
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in samples), encoding="utf-8")
+            tmp.replace(path)
+        else:
+            _append(folder / f"{split}.jsonl", samples)
+
+    @hookimpl
+    def verl_health(self, step: int, check: str, message: str) -> None:
+        _append(self._run_dir / "health.jsonl", [{"step": step, "check": check, "message": message,
+                                                  "time": time.time()}])
+
+    @hookimpl
     def verl_run_rewound(self, step: int, reason: str) -> None:
         # The steps after ``step`` run again: drop their rows, so that each step appears once, as uninterrupted.
         path = Path(self._file.name)
         self._file.close()
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
+        _drop_after(path, step)
         self._file = open(path, "a", encoding="utf-8")
+        _drop_after(self._run_dir / "samples" / "train.jsonl", step)
+        _drop_after(self._run_dir / "health.jsonl", step)
+        for stale in (self._run_dir / "samples").glob("val_step_*.jsonl"):
+            if int(stale.stem.rpartition("_")[2]) > step:
+                stale.unlink()
 
     @hookimpl
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
         if self._file is not None:
             self._file.close()
+        if self._run_dir is not None:
+            self._write_status(status=status, step=step, ended=time.time(),
+                               error=f"{type(error).__name__}: {error}" if error is not None else None)

@@ -96,6 +96,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-rewards": {"scorer": ("default",)},
     "verl-data-prepare": {"command": ("data",)},
     "verl-loggers": {"logger": ("tensorboard", "wandb")},
+    "verl-dashboard": {"command": ("dashboard", "report")},
 }
 
 

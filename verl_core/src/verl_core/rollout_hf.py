@@ -3,7 +3,8 @@
 The engine runs on the actor worker's live module (no copy), so weight sync is free; it is the reference
 implementation of the rollout contract and the fallback when no inference engine is installed. It generates
 inside the worker's ``generation_module()`` context (part of the worker contract), where a backend that
-shards parameters gathers them once for the whole call.
+shards parameters gathers them once for the whole call. Prompts with images (:class:`PromptIds`) are
+generated with their vision tensors (``pixel_values``, ``image_grid_thw``) on a vision-language model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+from verl_core.interfaces import (ModelSpec, PromptIds, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams,
+                                  WorldInfo)
 
 __all__ = ["HFRollout", "HFRolloutConfig"]
 
@@ -25,9 +27,14 @@ class HFRolloutConfig(RolloutConfig):
 
     Attributes:
         batch_size: prompts per ``generate`` call (0: all prompts at once).
+        shared_prefill: when ``n > 1`` samples are drawn per prompt, run each prompt through the model
+            once and give its ``n`` samples copies of that key/value cache, instead of letting
+            ``generate`` prefill ``n`` identical rows (text models; the samples drawn are the same
+            random stream either way).
     """
 
     batch_size: int = 0
+    shared_prefill: bool = True
 
 
 class HFRollout(RolloutEngine):
@@ -35,6 +42,7 @@ class HFRollout(RolloutEngine):
 
     Config = HFRolloutConfig
     shares_actor_weights = True
+    accepts_multi_modal = True
 
     def __init__(self, *, config: HFRolloutConfig, model: ModelSpec, tokenizer: Any, actor: Any = None,
                  world: WorldInfo = WorldInfo()) -> None:
@@ -42,9 +50,12 @@ class HFRollout(RolloutEngine):
         self._own = None
         if actor is None:
             # Stand-alone use (tests, evaluation): load our own copy and accept weight updates.
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoConfig
 
-            self._own = model.module or AutoModelForCausalLM.from_pretrained(
+            from verl_core.multimodal import auto_model_class
+
+            self._own = model.module or auto_model_class(AutoConfig.from_pretrained(
+                model.path, trust_remote_code=model.trust_remote_code)).from_pretrained(
                 model.path, dtype=getattr(torch, model.dtype), trust_remote_code=model.trust_remote_code)
             self._own.eval()
         # In-process on the actor's module, a weight sync has nothing to do.
@@ -83,9 +94,17 @@ class HFRollout(RolloutEngine):
 
     def _generate_chunk(self, module: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
                         eos: list[int], pad: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        from verl_core.multimodal import is_vision_model, vision_forward_inputs, vision_token_ids
         from verl_core.rollout_utils import left_pad
 
         ids, mask = left_pad(prompts, pad)
+        vision: dict[str, Any] = vision_forward_inputs([PromptIds.inputs_of(p) for p in prompts], ids, module.config,
+                                                        ids.device, prompt_length=ids.shape[1])
+        if vision and not is_vision_model(module.config):
+            raise ValueError(f"prompts have images, and the policy ({type(module).__name__}) has no vision tower")
+        if is_vision_model(module.config):
+            # Image placeholders come from the processor only; a sampled one would have no image.
+            vision["suppress_tokens"] = vision_token_ids(module.config)
         kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                                       num_return_sequences=sampling.n, return_dict_in_generate=True,
                                       output_logits=sampling.logprobs)
@@ -96,8 +115,12 @@ class HFRollout(RolloutEngine):
         else:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                           top_k=sampling.top_k if sampling.top_k > 0 else 0)
+        if (self.config.shared_prefill and kwargs["num_return_sequences"] > 1 and not vision
+                and ids.shape[1] > 1):
+            ids, mask, kwargs["past_key_values"] = _shared_prefill(module, ids, mask, kwargs["num_return_sequences"])
+            kwargs["num_return_sequences"] = 1
         try:
-            out = module.generate(input_ids=ids, attention_mask=mask, **kwargs)
+            out = module.generate(input_ids=ids, attention_mask=mask, **vision, **kwargs)
         except RuntimeError as exc:
             if "probability tensor contains" not in str(exc):
                 raise
@@ -132,3 +155,16 @@ class HFRollout(RolloutEngine):
             for name, tensor in weights:
                 if name in params:
                     params[name].copy_(tensor)
+
+
+def _shared_prefill(module: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[Any, ...]:
+    """Prefill each (left-padded) prompt once, all but its last token, and repeat rows and cache ``n`` times:
+    ``generate`` then feeds only the last prompt token of every sample, as a cache it was handed says."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=module.config)
+    head = mask[:, :-1]
+    module(input_ids=ids[:, :-1], attention_mask=head, position_ids=(head.cumsum(-1) - 1).clamp(min=0),
+           past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(n)
+    return ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), cache

@@ -31,13 +31,13 @@ import torch
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
 from verl_core.algorithms.functional import scores_to_token_rewards
 from verl_core.batch import Batch
-from verl_core.interfaces import RolloutRequest
+from verl_core.interfaces import PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 
 if TYPE_CHECKING:
     from verl_core.dataflow import StepContext
 
-__all__ = ["run", "BASELINE", "ENGINE_CHECK_SAMPLES"]
+__all__ = ["run", "produce", "BASELINE", "ENGINE_CHECK_SAMPLES"]
 
 #: ``batch.extras`` key of the greedy baseline's scores.
 BASELINE = "baseline_scores"
@@ -52,11 +52,10 @@ def run(ctx: "StepContext", request: RolloutRequest) -> Batch:
     (one small forward pass), so the weight-sync guard holds for every algorithm: those that never
     recompute old log-probs (GPG, ``use_rollout_log_probs``) and those that rebuild the batch (SPIN).
     """
-    if request.max_extra_rounds < 0:
-        raise ValueError(f"RolloutRequest.max_extra_rounds must be >= 0, got {request.max_extra_rounds}")
-    batch = _generate_scored(ctx, request)
-    if request.greedy_baseline:
-        batch = batch.replace(extras={**batch.extras, BASELINE: _greedy_baseline(ctx, batch)})
+    if ctx.produced is not None:
+        # An overlapping trainer mode: the producer already ran this stage (produce()) on its own engine.
+        return ctx.produced
+    batch = produce(ctx, request)
     if ctx.actor is not None and batch.rollout_log_probs is not None and not ctx.rollout.shares_actor_weights:
         part = batch.select(list(range(min(ENGINE_CHECK_SAMPLES, len(batch)))))
         check_log_prob_gap(ctx, ctx.actor.compute_log_probs(part).log_probs, part)
@@ -65,6 +64,20 @@ def run(ctx: "StepContext", request: RolloutRequest) -> Batch:
         # the closing weight sync, or when the step fails (vLLM's sleep mode on GPU).
         ctx.rollout.release_memory()
         ctx.engine_released = True
+    return batch
+
+
+def produce(ctx: "StepContext", request: RolloutRequest) -> Batch:
+    """Steps 1-4 (generate, score, filter and resample, greedy baseline) on ``ctx.rollout``.
+
+    The overlapping trainer modes' producer calls this on its own engine (:mod:`verl_core.async_rollout`),
+    the synchronous step through :func:`run`.
+    """
+    if request.max_extra_rounds < 0:
+        raise ValueError(f"RolloutRequest.max_extra_rounds must be >= 0, got {request.max_extra_rounds}")
+    batch = _generate_scored(ctx, request)
+    if request.greedy_baseline:
+        batch = batch.replace(extras={**batch.extras, BASELINE: _greedy_baseline(ctx, batch)})
     return batch
 
 
@@ -162,8 +175,12 @@ def _greedy_baseline(ctx: "StepContext", batch: Batch) -> torch.Tensor:
     first_row: dict[int, int] = {}
     for i, g in enumerate(group_ids):
         first_row.setdefault(g, i)
-    rows = [{"prompt_ids": batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist(),
-             **{key: values[i] for key, values in batch.meta.items()}} for i in first_row.values()]
+    media = batch.meta.get("multi_modal_data") or [None] * len(batch)
+    vision = batch.multi_modal_inputs or [None] * len(batch)
+    rows = [{**{key: values[i] for key, values in batch.meta.items()},
+             "prompt_ids": PromptIds(batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist(),
+                                     multi_modal_data=media[i], multi_modal_inputs=vision[i])}
+            for i in first_row.values()]
     greedy = _generate(ctx, rows, dataclasses.replace(ctx.sampling, n=1, greedy=True))
     start = time.perf_counter()
     scores, _ = ctx.reward.score(greedy)

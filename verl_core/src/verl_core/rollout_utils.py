@@ -11,10 +11,10 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
+from verl_core.interfaces import PromptIds, RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
 
 __all__ = ["DEFAULT_LOG_PROB_GAP", "generate_batch", "build_batch", "left_pad", "right_pad", "sync_rollout_weights",
-           "check_weight_sync", "check_log_prob_gap", "guard_limit", "WeightSyncError"]
+           "check_weight_sync", "check_log_prob_gap", "guard_limit", "WeightSyncError", "check_rollout_multi_modal"]
 
 logger = logging.getLogger("verl.rollout")
 
@@ -73,6 +73,9 @@ def build_batch(prompts: Sequence[dict[str, Any]], output: RolloutOutput, *, n: 
     if output.log_probs is not None:
         rollout_lp = right_pad(output.log_probs, 0.0, torch.float32, width)
     meta_keys = ("ground_truth", "data_source", "extra_info", "prompt_text", "prompt_messages")
+    vision = [PromptIds.inputs_of(r["prompt_ids"]) for r in rows]
+    images = ({"multi_modal_data": [getattr(r["prompt_ids"], "multi_modal_data", {}) for r in rows]}
+              if any(vision) else {})
     return Batch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -83,13 +86,30 @@ def build_batch(prompts: Sequence[dict[str, Any]], output: RolloutOutput, *, n: 
         rollout_log_probs=rollout_lp,
         finish_reasons=list(output.finish_reasons),
         meta={**{k: [r.get(k) for r in rows] for k in meta_keys},
-              "weight_version": [output.weight_version] * expected},
+              "weight_version": [output.weight_version] * expected, **images},
         info={"pad_token_id": pad_id},
+        multi_modal_inputs=vision if any(vision) else [],
     )
+
+
+def check_rollout_multi_modal(engine: Any, name: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Refuse prompts with images for an engine that would sample from their text alone."""
+    if getattr(engine, "accepts_multi_modal", False):
+        return
+    with_images = sum(1 for r in rows if getattr(r.get("prompt_ids"), "multi_modal_data", None)
+                      or getattr(r.get("prompt_ids"), "multi_modal_inputs", None))
+    if with_images:
+        from verl_core.config import ConfigError
+
+        engine_name = name or getattr(engine, "__name__", type(engine).__name__)
+        raise ConfigError("rollout.name", f"{with_images} prompts have images, and the {engine_name!r} rollout "
+                                          f"engine cannot take images (it would sample from the text alone); use "
+                                          f"rollout.name='hf', or an engine with accepts_multi_modal")
 
 
 def generate_batch(engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sampling: SamplingParams) -> Batch:
     """Generate ``sampling.n`` responses per prompt row and build the batch."""
+    check_rollout_multi_modal(engine, "", prompts)
     output = engine.generate([p["prompt_ids"] for p in prompts], sampling=sampling)
     pad_id = engine.tokenizer.pad_token_id
     batch = build_batch(prompts, output, n=sampling.n, pad_id=pad_id if pad_id is not None else 0)

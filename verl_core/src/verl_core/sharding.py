@@ -13,19 +13,24 @@ A batch is not cut into contiguous runs but balanced: every rank gets the same n
 with token totals (prompt + response) as even as a greedy longest-first assignment makes them,
 so the ranks of one collective finish their forward and backward passes at about the same time.
 The results are put back into the caller's order when they are joined.
+
+With model parallelism (:class:`~verl_core.interfaces.WorldInfo` mesh fields) a split call is cut
+into one shard per *data-parallel group*; every rank of a group gets its group's shard, and
+:class:`Mesh` says which rank's result stands for each group.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Sequence
 
 import torch
 
 from verl_core.batch import Batch
 
-__all__ = ["Shards", "balance_batch", "split_call", "pad_and_shard", "gather_split"]
+__all__ = ["Mesh", "Shards", "balance_batch", "split_call", "pad_and_shard", "gather_split", "ensure_process_group"]
 
 
 @dataclasses.dataclass
@@ -36,6 +41,52 @@ class Shards:
     real: int
     padded: int
     order: list[int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """How a worker group's ranks map onto data-parallel groups.
+
+    Attributes:
+        dp_size: data-parallel groups: the shards a ``"split"`` call is cut into.
+        shard_of: per rank, the shard (data-parallel group) it is given.
+        readers: per data-parallel group in order, the rank whose result is read.
+    """
+
+    dp_size: int
+    shard_of: tuple[int, ...]
+    readers: tuple[int, ...]
+
+    @classmethod
+    def of(cls, worlds: Sequence[Any]) -> "Mesh":
+        """From the ranks' :class:`~verl_core.interfaces.WorldInfo` in rank order (pure data parallel
+        when they name no mesh)."""
+        dp_size = worlds[0].dp_size
+        readers: list[list[int]] = [[] for _ in range(dp_size)]
+        for rank, world in enumerate(worlds):
+            if world.dp_size != dp_size or not 0 <= world.dp_rank < dp_size:
+                raise ValueError(f"rank {rank} places itself in data-parallel group {world.dp_rank} of "
+                                 f"{world.dp_size}, rank 0 in one of {dp_size}: the workers disagree on the mesh")
+            if world.is_output_rank:
+                readers[world.dp_rank].append(rank)
+        bad = [d for d, r in enumerate(readers) if len(r) != 1]
+        if bad:
+            raise ValueError(f"data-parallel group {bad[0]} has {len(readers[bad[0]])} output ranks; each group "
+                             f"needs exactly one (tensor rank 0 of its last pipeline stage)")
+        return cls(dp_size, tuple(w.dp_rank for w in worlds), tuple(r[0] for r in readers))
+
+    @property
+    def is_data_parallel(self) -> bool:
+        """Every rank is its own data-parallel group (no model parallelism)."""
+        return self.shard_of == tuple(range(len(self.shard_of)))
+
+    def per_rank(self, shards: "Shards") -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """Each rank's ``(args, kwargs)``: its data-parallel group's shard."""
+        return [shards.calls[d] for d in self.shard_of]
+
+    def read(self, results: Sequence[Any]) -> list[Any]:
+        """The per-group results, in group order, out of all ranks' results."""
+        return [results[r] for r in self.readers]
 
 
 def split_call(args: Sequence[Any], kwargs: dict[str, Any], parts: int, *, method: str, balance: bool = True) -> Shards:
@@ -64,7 +115,8 @@ def split_call(args: Sequence[Any], kwargs: dict[str, Any], parts: int, *, metho
 
 
 def balance_batch(batch: Batch, parts: int) -> tuple[list[Batch], int, int, list[int]]:
-    """``parts`` shards of equal size and near-equal token count; also returns the order they hold.
+    """``parts`` shards of equal size and near-equal token count (image patches count as tokens);
+    also returns the order they hold.
 
     ``order`` lists, shard after shard, the (padded) batch index of every sample: what
     :func:`gather_split` needs to put joined results back in the caller's order.
@@ -77,6 +129,9 @@ def balance_batch(batch: Batch, parts: int) -> tuple[list[Batch], int, int, list
     if padded != n:
         batch = _pad_batch(batch, padded)
     tokens = (batch.prompt_mask.sum(-1) + batch.response_attention_mask.sum(-1)).tolist()
+    if batch.multi_modal_inputs:  # the vision tower's work too: each image patch it encodes
+        tokens = [t + sum(int(v.shape[0]) for k, v in m.items() if k.startswith("pixel_values"))
+                  for t, m in zip(tokens, batch.multi_modal_inputs)]
     groups: list[list[int]] = [[] for _ in range(parts)]
     sums = [0] * parts
     # Longest first, each to the lightest rank that still has room (stable: ties keep batch order).
@@ -167,3 +222,25 @@ def _trim(value: Any, real: int, padded: int, order: Sequence[int] | None = None
     if isinstance(value, torch.Tensor):
         return value[torch.tensor(keep, dtype=torch.long)]
     return [value[i] for i in keep]
+
+
+def ensure_process_group(world: Any) -> None:
+    """Join (or start) the ``torch.distributed`` group a backend's worker at ``world`` (a
+    :class:`~verl_core.interfaces.WorldInfo`) trains in: NCCL on CUDA, gloo otherwise.
+
+    An executor that started the processes has exported the ``env://`` rendezvous; a one-rank group
+    without one needs none (an in-memory store). A group already initialised with another size is
+    an error, not silently reused.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world.world_size:
+            raise RuntimeError(f"torch.distributed is initialised with world size {dist.get_world_size()}, "
+                               f"but this worker group has {world.world_size} ranks")
+        return
+    backend = "nccl" if world.device.startswith("cuda") else "gloo"
+    if world.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend, rank=world.rank, world_size=world.world_size)

@@ -7,6 +7,7 @@ hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -20,6 +21,8 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
+from verl_core.async_rollout import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
+                                     snapshot_weights, with_version)
 from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
 from verl_core.config import (
     Config,
@@ -32,10 +35,14 @@ from verl_core.config import (
 )
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
 from verl_core.data import HUB_ID, PromptSampler, build_datasets, check_data_source
+from verl_core.multimodal import load_processor
 from verl_core.hooks import build_plugin_manager
+from verl_core.health import HealthMonitor
+from verl_core.progress import Progress
 from verl_core.interfaces import ModelSpec, RewardScorer, Role, WorkerFailedError
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
-from verl_core.rollout_utils import check_weight_sync, guard_limit, sync_rollout_weights
+from verl_core.rollout_utils import check_rollout_multi_modal, check_weight_sync, guard_limit, sync_rollout_weights
+from verl_core.samples import batch_samples, flat_group_fraction, sample_records, spread
 from verl_core.signals import Preempted, StopSignals
 
 __all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX"]
@@ -149,6 +156,12 @@ class Trainer:
         self.restarts = 0
         self.failed_saves = 0
         self._checkpoint: tuple[int, Path] | None = None  # (step, path) of the checkpoint a restart goes back to
+        #: The overlapping modes' producer (trainer.mode); None in sync mode.
+        self.producer: RolloutProducer | None = None
+        self.reuse_update_log_probs = False
+        self._drawn: list[int] = []  # the training prompts of the step (their indices)
+        self._trained: ProducedBatch | None = None  # the producer's batch the last step trained on
+        self._resumed_buffer: list[ProducedBatch] = []
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -191,6 +204,16 @@ class Trainer:
             return
         cfg = self.config
         threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // 2)
+        #: Torch threads of the colocate_async producer (trainer.producer_threads).
+        self.producer_threads = cfg.trainer.producer_threads or max(1, threads // 2)
+        if cfg.trainer.mode == "colocate_async":
+            if cfg.trainer.producer == "thread":
+                # Producer and trainer run at once in this process, and torch has one thread pool per
+                # process: both sides run with the producer's share.
+                threads = self.producer_threads
+            # else the producer's engine runs in a child process with threads of its own, on top of the
+            # trainer's: the producer waits for weights part of each step and the update is usually the longer
+            # side, so the trainer keeps all of run.threads (bench/results/trl_comparison_async.md measures it).
         torch.set_num_threads(threads)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
@@ -220,6 +243,7 @@ class Trainer:
         self.max_log_prob_gap = guard_limit(cfg.rollout.config.max_log_prob_gap, [
             cfg.model.dtype, cfg.backend.config.compute_dtype(cfg.model.dtype),
             cfg.rollout.config.compute_dtype(cfg.model.dtype)])
+        self.health = HealthMonitor(cfg.run, self.max_log_prob_gap)  # warnings from the metrics (verl_health)
         self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
 
@@ -230,7 +254,9 @@ class Trainer:
         self.make_environment = (functools.partial(self.registry.load("environment", env.name), env.config)
                                  if env.name else None)
         self.critic_spec = self._critic_spec(needs.critic)
-        self.train_rows, self.val_rows = self._load_data(needs.data)
+        with Progress("data preparation", total=2, unit="splits") as bar:  # tokenizing can take a while
+            self.train_rows, self.val_rows = self._load_data(needs.data)
+            bar.update(2, train_prompts=len(self.train_rows), val_prompts=len(self.val_rows))
         self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
                                      shuffle=cfg.data.shuffle)
         #: Steps in total: run.max_steps, or run.epochs passes over the prompts (a short last batch is dropped).
@@ -249,8 +275,11 @@ class Trainer:
         builder = DataflowBuilder()
         self.algorithm.build_dataflow(builder)
         self.dataflow: Dataflow = builder.build()
+        self._check_trainer_mode(needs)  # before any model loads
+        self.reuse_update_log_probs = self._old_log_probs_reusable()
         self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
+        self._backend.check(model=self.model_spec, world_size=cfg.executor.config.world_size)  # before any model loads
         self._start_workers(cfg.run.resume)
         self._ready = True
 
@@ -281,6 +310,8 @@ class Trainer:
             reward_model = self.reward.reward_model_path()
             if reward_model:
                 self._start_reward_model(backend, reward_model)
+            if cfg.trainer.is_async:
+                self.producer = self._make_producer()
         except BaseException:
             self.executor.shutdown()  # workers already started must not outlive a failed set-up
             raise
@@ -312,6 +343,112 @@ class Trainer:
             check_model_source(path, "model.critic_path", argument="critic_model")
         return dataclasses.replace(self.model_spec, path=path, module=self._critic_obj)
 
+    # ------------------------------------------------------------------ overlapping modes (trainer.mode)
+    def _check_trainer_mode(self, needs: Any) -> None:
+        """Refuse an overlapping mode the algorithm or the executor cannot run (:class:`ConfigError`)."""
+        cfg = self.config
+        mode, name = cfg.trainer.mode, cfg.algorithm.name
+        if mode == "sync":
+            return
+        if self.dataflow.rollout_request is None:
+            raise ConfigError("trainer.mode", f"algorithm {name!r} generates nothing (its step has no rollout stage), "
+                                              f"so there is no generation to overlap; use trainer.mode='sync'")
+        if not needs.off_policy:
+            raise ConfigError("trainer.mode", f"{mode!r} trains on samples from older weights, and algorithm {name!r} "
+                                              f"cannot (its Requirements.off_policy is false: no importance ratio); "
+                                              f"use trainer.mode='sync', or an algorithm with one (grpo, ppo, dapo)")
+        problem = self.registry.load("executor", cfg.executor.name).trainer_mode_problem(cfg.executor.config, mode)
+        if problem:
+            raise ConfigError("trainer.mode", problem)
+
+    def _old_log_probs_reusable(self) -> bool:
+        """The run's half of :func:`~verl_core.dataflow.old_log_probs_reusable`: only the actor update reads
+        the old log-probs, which the actor computes (not the engine), and no dropout makes two forwards differ."""
+        if not self.dataflow.old_log_probs_only_for_update:
+            return False
+        module = self.model_spec.module
+        try:
+            model_config = (module.config.to_dict() if module is not None else
+                            json.loads((Path(self.model_spec.path) / "config.json").read_text()))
+        except (OSError, ValueError, AttributeError):
+            return False  # unknown dropout: keep the forward
+        settings = {**model_config, **dataclasses.asdict(self.config.backend.config)}
+        return not any(isinstance(v, (int, float)) and v > 0 for k, v in settings.items()
+                       if k.endswith(("dropout", "pdrop", "dropout_prob", "dropout_rate")))
+
+    def _make_producer(self) -> RolloutProducer:
+        """The producer of the overlapping modes, on an engine with weights of its own."""
+        from verl_core import rollout_stage
+
+        cfg = self.config
+        engine = self.rollout
+        if engine.shares_actor_weights:
+            # The run's engine samples from the actor's live module, which each update changes in place:
+            # the producer gets its own copy of the weights, kept in step by the published versions.
+            engine_cls = self.registry.load("rollout", cfg.rollout.name)
+            if cfg.trainer.mode == "colocate_async" and cfg.trainer.producer == "process":
+                from verl_core.engine_host import HostedEngine
+
+                # Its own process, so that generation and the update really run at once (trainer.producer).
+                engine = HostedEngine(engine_cls, config=cfg.rollout.config, model=self.model_spec,
+                                      tokenizer=self.tokenizer, threads=self.producer_threads)
+            else:
+                spec = self.model_spec
+                if spec.module is not None:
+                    spec = dataclasses.replace(spec, module=copy.deepcopy(spec.module))
+                engine = engine_cls(config=cfg.rollout.config, model=spec, tokenizer=self.tokenizer)
+        request = self.dataflow.rollout_request
+        rc = cfg.rollout.config
+
+        def produce(seq: int, prompts: list[dict[str, Any]], draw: Any) -> tuple[Any, dict[str, float]]:
+            ctx = StepContext(step=seq, prompts=prompts, algorithm=self.algorithm, actor=None, rollout=engine,
+                              reward=self.reward, sampling=rc.sampling(seed=cfg.run.seed * 1_000_003 + seq),
+                              tokenizer=self.tokenizer, draw_prompts=draw, rollout_name=cfg.rollout.name,
+                              make_environment=self.make_environment, environment_config=cfg.environment.config)
+            return rollout_stage.produce(ctx, request), ctx.metrics
+
+        resumed = self._resumed_buffer
+        producer = RolloutProducer(engine=engine, produce=produce, sampler=self.sampler, rows=self.train_rows,
+                                   max_staleness=cfg.trainer.max_staleness, on_stale=cfg.trainer.on_stale,
+                                   next_seq=resumed[-1].seq + 1 if resumed else self.step + 1,
+                                   base_version=self.step, last_seq=self.max_steps, stamp=with_version)
+        producer.restore(resumed)
+        return producer
+
+    def _start_producer(self) -> None:
+        self.producer.publish(self.step, snapshot_weights(self.actor))
+        self.producer.start(torch.get_num_threads())
+
+    def _close_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.stop()
+            if self.producer.engine is not self.rollout:  # its own engine (a child process, or a copy):
+                self.producer.engine.close()  # a child still generating is stopped, not waited for
+            self.producer.close()
+            self.producer = None
+
+    def _take_produced(self) -> tuple[ProducedBatch, int, dict[str, float]]:
+        """The producer's batch for this step, its staleness and the async metrics."""
+        producer = self.producer
+        waited = time.perf_counter()
+        item, staleness = producer.take(self.step)
+        waited = time.perf_counter() - waited
+        self._trained = item
+        self._drawn = list(item.prompt_indices)
+        metrics = dict(item.metrics)
+        metrics.update({"async/staleness": float(staleness), "async/weight_version": float(item.version),
+                        "async/wait_for_batch_s": waited, "async/dropped_samples": float(producer.dropped_samples),
+                        "async/dropped_batches": float(producer.dropped_batches),
+                        "async/producer_wait_s": producer.producer_wait_s})
+        return item, staleness, metrics
+
+    def _async_state(self) -> tuple[list[ProducedBatch], dict[str, Any]]:
+        """The buffered batches and what a checkpoint records of the producer (see :mod:`verl_core.async_rollout`)."""
+        items, in_flight = self.producer.pending(finish_older_than=self.step)
+        return items, {"mode": self.config.trainer.mode, "in_flight": in_flight,
+                       "buffered": [{"seq": i.seq, "version": i.version, "prompt_indices": i.prompt_indices}
+                                    for i in items], "dropped_samples": self.producer.dropped_samples}
+
     def _start_reward_model(self, backend: Any, path: str) -> None:
         """Start the ``reward_model`` worker group on the training backend and hand it to the scorer."""
         from transformers import AutoTokenizer
@@ -324,10 +461,15 @@ class Trainer:
         self.reward.attach_reward_model(group, tokenizer)
 
     def _load_data(self, format: str = "prompts") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer, self.registry, format=format)
+        processor = load_processor(self.model_spec.path, self.tokenizer)
+        train, val, self.data_stats = build_datasets(self.config.data, self.tokenizer, self.registry, format=format,
+                                                     processor=processor)
+        check_rollout_multi_modal(self.registry.load("rollout", self.config.rollout.name), self.config.rollout.name,
+                                  [*train, *val])
         return train, val
 
     def _resume(self, mode: str) -> None:
+        self._resumed_buffer = []
         if mode == "never":
             return
         if mode == "auto":  # a corrupt latest falls back to the one before it (run.on_corrupt_checkpoint)
@@ -345,6 +487,12 @@ class Trainer:
                                       f"needs a critic; resume with the algorithm it was saved with")
             self.critic.load_state(str(ckpt / "critic"))
         self.sampler.load_state_dict(state["sampler"])
+        if self.config.trainer.is_async and state.get("async"):
+            # The batches that waited in the buffer train as they were; the sampler goes on after them, so
+            # the prompts that were in flight are drawn (and generated) again.
+            self._resumed_buffer = load_buffer(ckpt / BUFFER_FILE)
+            if self._resumed_buffer:
+                self.sampler.load_state_dict(self._resumed_buffer[-1].sampler_state)
         self.step = int(state["step"])
         self.resumed_from = ckpt
         self._checkpoint = (self.step, ckpt)
@@ -371,12 +519,15 @@ class Trainer:
         hook = self.hooks.hook
         hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=self.max_steps)
         hook.verl_metrics(step=self.step, metrics=dict(self.data_stats))  # prompts kept, dropped, truncated
+        self._check_health({**self.data_stats, "data/val_prompts": float(len(self.val_rows))})  # 0: no test split
         last: dict[str, float] = {}
         status, error = "completed", None
         try:
             if self.step == 0 and cfg.val_before_train and self.val_rows:
                 last.update(self.validate())
             self._validated_at = self.step
+            if self.producer is not None:
+                self._start_producer()
             while self.step < self.max_steps:
                 if stop.requested is not None:
                     raise self._preempted(stop.requested)
@@ -395,6 +546,7 @@ class Trainer:
             raise
         finally:
             hook.verl_run_end(step=self.step, status=status, error=error)
+            self._close_producer()
             self.executor.shutdown()
             self.reward.close()
         return last
@@ -424,6 +576,7 @@ class Trainer:
             metrics["run/restarts"] = float(self.restarts)
         hook.verl_step_end(step=self.step, metrics=metrics)
         hook.verl_metrics(step=self.step, metrics=metrics)
+        self._check_health(metrics)
         out = dict(metrics)
         final = self.step == self.max_steps
         if stop.requested is not None and not final:
@@ -442,6 +595,11 @@ class Trainer:
                                                     exc)
                 hook.verl_metrics(step=self.step, metrics={"checkpoint/failed_saves": float(self.failed_saves)})
         return out
+
+    def _check_health(self, metrics: dict[str, float]) -> None:
+        """Tell the hooks about the health checks that start failing with ``metrics`` (:class:`HealthMonitor`)."""
+        for check, message in self.health.observe(self.step, metrics):
+            self.hooks.hook.verl_health(step=self.step, check=check, message=message)
 
     def _preempted(self, signum: int) -> Preempted:
         """Save the step reached (unless its checkpoint exists) and describe the stop."""
@@ -471,6 +629,7 @@ class Trainer:
         logging.getLogger(__name__).warning(
             "%s; restarting the worker groups (restart %d of %d) and resuming from %s", failure, self.restarts, limit,
             back[1] if back else "the start (no checkpoint yet)")
+        self._close_producer()
         self.executor.shutdown()
         if back is None:
             self.step = 0
@@ -479,12 +638,18 @@ class Trainer:
             random.seed(cfg.run.seed)
             torch.manual_seed(cfg.run.seed)
         self._start_workers(str(back[1]) if back else "never")
+        if self.producer is not None:
+            self._start_producer()
         self.hooks.hook.verl_run_rewound(step=self.step, reason=str(failure))
 
     def run_step(self) -> dict[str, float]:
         """One RL step: sample prompts, run the dataflow, and return its metrics."""
         start = time.perf_counter()
-        prompts = self._draw_prompts()
+        self._drawn: list[int] = []
+        # Overlapping modes: the producer made the batch (trainer.mode); else the rollout node generates it.
+        item, staleness, async_metrics = self._take_produced() if self.producer is not None else (None, 0, {})
+        prompts = (self._draw_prompts() if item is None
+                   else [self.train_rows[i] for i in item.prompt_indices[:self.config.data.batch_size]])
         rc = self.config.rollout.config
         sampling = rc.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
         ctx = StepContext(step=self.step, prompts=prompts, algorithm=self.algorithm, actor=self.actor,
@@ -492,7 +657,10 @@ class Trainer:
                           reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts,
                           max_log_prob_gap=self.max_log_prob_gap, log_prob_gap_action=rc.log_prob_gap_action,
                           rollout_name=self.config.rollout.name, make_environment=self.make_environment,
-                          environment_config=self.config.environment.config)
+                          environment_config=self.config.environment.config,
+                          produced=item.batch if item is not None else None, staleness=staleness,
+                          reuse_update_log_probs=self.reuse_update_log_probs)
+        ctx.metrics.update(async_metrics)
         try:
             self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
         finally:
@@ -500,11 +668,20 @@ class Trainer:
                 self.rollout.reacquire_memory()
         # The step's last act, whatever the algorithm: the engine samples the next step from the new policy.
         synced = time.perf_counter()
-        sync_rollout_weights(self.rollout, self.actor)
+        if self.producer is not None:  # a copy of the new weights, which the producer loads between batches
+            self.producer.publish(self.step, snapshot_weights(self.actor))
+        else:
+            sync_rollout_weights(self.rollout, self.actor)
         ctx.metrics["timing/sync_weights"] = time.perf_counter() - synced
         elapsed = time.perf_counter() - start
         b = ctx.batch
         m = dict(ctx.metrics)
+        flat = flat_group_fraction(b)
+        if flat is not None:
+            m["reward/flat_group_frac"] = flat  # groups whose samples all scored the same (health check)
+        if self.config.run.train_samples:
+            self.hooks.hook.verl_samples(step=self.step, split="train", samples=batch_samples(
+                b, self.tokenizer, step=self.step, limit=self.config.run.train_samples))
         m.setdefault("ppo/kl_divergence", m.get("ppo/approx_kl", 0.0))
         if b.ref_log_probs is not None and b.old_log_probs is not None:
             from verl_core.algorithms.functional import kl_penalty, masked_mean
@@ -514,7 +691,7 @@ class Trainer:
         tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
         n_samples = len(prompts) * sampling.n
         m.update({
-            "epoch": float(self.sampler.epoch),
+            "epoch": float(self.sampler.epoch if item is None else item.sampler_state["epoch"]),
             "timing/step": elapsed,
             "throughput/samples_per_sec": n_samples / elapsed,
             "throughput/tokens_per_sec": tokens / elapsed,
@@ -525,10 +702,20 @@ class Trainer:
 
     def _draw_prompts(self) -> list[dict[str, Any]]:
         """The next batch of training prompt rows; the sampler's position is part of the checkpoint."""
-        return [self.train_rows[i] for i in self.sampler.next_batch()]
+        indices = self.sampler.next_batch()
+        self._drawn.extend(indices)
+        return [self.train_rows[i] for i in indices]
 
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt with the validation sampling and score it."""
+        if self.producer is None:
+            return self._validate()
+        with self.producer.engine_lock:  # between two producer batches: the reward stage is the producer's too
+            if self.producer.engine is self.rollout:  # the producer samples on this engine: the newest weights
+                self.producer.load_newest()
+            return self._validate()
+
+    def _validate(self) -> dict[str, float]:
         rc = self.config.rollout.config
         sampling = rc.sampling(seed=self.config.run.seed, validation=True)
         rows = self.val_rows
@@ -536,8 +723,10 @@ class Trainer:
         texts: list[str] = []
         meta: dict[str, list[Any]] = {"ground_truth": [], "data_source": [], "extra_info": [], "prompt_text": [],
                                       "prompt_messages": []}
+        self.hooks.hook.verl_validation_start(step=self.step, samples=len(rows) * sampling.n)
         start = time.perf_counter()
         env_rewards = []
+        shown: dict[str, list[Any]] = {"tokens": [], "finish": [], "transcript": []}  # for the samples
         for s in range(0, len(rows), chunk):
             part = rows[s:s + chunk]
             if self.make_environment is not None:  # whole trajectories, tools and all
@@ -546,9 +735,14 @@ class Trainer:
                 texts += self.tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(
                     batch.response_ids, batch.response_attention_mask)], skip_special_tokens=True)
                 env_rewards.append(batch.extras[ENV_REWARDS].sum(-1))
+                shown["tokens"] += batch.response_attention_mask.sum(-1).tolist()
+                shown["finish"] += batch.finish_reasons
+                shown["transcript"] += batch.meta["transcript"]
             else:
                 out = self.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling)
                 texts += self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+                shown["tokens"] += [len(ids) for ids in out.response_ids]
+                shown["finish"] += out.finish_reasons
             for r in part:
                 for _ in range(sampling.n):
                     for k in meta:
@@ -560,19 +754,44 @@ class Trainer:
                    "timing/validation": time.perf_counter() - start}
         metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items() if k.endswith("/mean")})
         metrics["val/reward_errors"] = reward_metrics.get("reward/errors", 0.0)
+        self._emit_validation_samples(texts, meta, scores, shown)
         self.hooks.hook.verl_validation_end(step=self.step, metrics=metrics)
         self.hooks.hook.verl_metrics(step=self.step, metrics=metrics)
         return metrics
 
+    def _emit_validation_samples(self, texts: list[str], meta: dict[str, list[Any]], scores: torch.Tensor,
+                                 shown: dict[str, list[Any]]) -> None:
+        """Hand ``run.val_samples`` of the validation's samples (spread over it) to the ``verl_samples`` hook."""
+        indices = spread(len(texts), self.config.run.val_samples)
+        if not indices:
+            return
+        if shown["transcript"]:
+            meta = {**meta, "transcript": shown["transcript"]}
+        per_row, chosen = len(texts) // max(1, len(self.val_rows)), set(indices)
+        prompts = [self.tokenizer.decode(self.val_rows[i // per_row]["prompt_ids"], skip_special_tokens=True)
+                   if i in chosen else "" for i in range(len(texts))]
+        records = sample_records(step=self.step, split="val", prompts=prompts, responses=texts,
+                                 rewards=scores.tolist(), meta=meta, response_tokens=shown["tokens"],
+                                 finish_reasons=shown["finish"], groups=[i // per_row for i in range(len(texts))],
+                                 indices=indices)
+        self.hooks.hook.verl_samples(step=self.step, split="val", samples=records)
+
     def save_checkpoint(self) -> Path:
         """Write a complete checkpoint of the current step (atomically) and return its path."""
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "algorithm": self.config.algorithm.name,
-                 "backend": self.config.backend.name}
+                 "backend": self.config.backend.name, "prompts": list(self._drawn)}
+        buffered: list[ProducedBatch] = []
+        if self.producer is not None:
+            buffered, state["async"] = self._async_state()
+            if self._trained is not None:  # the sampler as it was after the prompts this step trained
+                state["sampler"] = self._trained.sampler_state
 
         def write(tmp: Path) -> None:
             self.actor.save_state(str(tmp / "actor"))
             if self.critic is not None:
                 self.critic.save_state(str(tmp / "critic"))
+            if buffered:
+                save_buffer(buffered, tmp / BUFFER_FILE)
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
             (tmp / "config.toml").write_text(dump_toml(config_to_dict(self.config)))
 

@@ -91,8 +91,9 @@ class WorkerHost:
         os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.world.rank),
                           WORLD_SIZE=str(self.world.world_size), LOCAL_RANK=str(self.world.local_rank))
 
-    def create_worker(self, role: str, packed: bytes, shared: dict[str, bytes]) -> type:
-        """Build ``role``'s worker on this rank; returns its class (for dispatch lookups).
+    def create_worker(self, role: str, packed: bytes, shared: dict[str, bytes]) -> tuple[type, Any]:
+        """Build ``role``'s worker on this rank; returns its class (for dispatch lookups) and its place
+        in the mesh (the worker's own ``world`` when it has one, else this rank's).
 
         ``packed`` is the pickled factory; the training backends it refers to come in ``shared``
         and the first copy of each is kept, so every role this process hosts gets the same one.
@@ -103,7 +104,8 @@ class WorkerHost:
         factory: Callable[[Any], Any] = _SharedUnpickler(io.BytesIO(packed), self.shared).load()
         worker = factory(self.world)
         self.workers[role] = worker
-        return type(worker)
+        world = getattr(worker, "world", None)
+        return type(worker), (world if isinstance(world, type(self.world)) else self.world)
 
     def create_engine(self, engine_cls: type, config: Any, model: Any, tokenizer: Any,
                       actor_role: str | None) -> dict[str, bool]:

@@ -44,7 +44,7 @@ from verl_core.interfaces import (
     WorldInfo,
     dispatch_mode,
 )
-from verl_executor_ray._dispatch import gather_split, split_call
+from verl_executor_ray._dispatch import Mesh, gather_split, split_call
 from verl_executor_ray.config import RayExecutorConfig
 
 __all__ = ["RayExecutor", "RayWorkerGroup", "RayRollout", "CallStats"]
@@ -124,12 +124,14 @@ class _Pool:
 class RayWorkerGroup(WorkerGroup):
     """A role's workers on the processes of one pool; calls dispatch per the method's declared mode."""
 
-    def __init__(self, *, executor: "RayExecutor", role: Role, pool: _Pool, worker_cls: type) -> None:
+    def __init__(self, *, executor: "RayExecutor", role: Role, pool: _Pool, worker_cls: type,
+                 mesh: Mesh | None = None) -> None:
         self.executor = executor
         self.role = role
         self.pool = pool
         self.world_size = pool.world_size
         self.worker_cls = worker_cls
+        self.mesh = mesh  # split calls go over its data-parallel groups (None: one per rank)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.worker_cls, method, None)
@@ -140,7 +142,7 @@ class RayWorkerGroup(WorkerGroup):
             # Streams run when consumed, so a consumer on the same processes can run them in place.
             return RemoteStream(self, method, args, kwargs, mode)
         return self.executor._dispatch(self.pool, "call", (self.role.value, method), args, kwargs, mode,
-                                       role=self.role.value, method=method)
+                                       role=self.role.value, method=method, mesh=self.mesh)
 
     def __repr__(self) -> str:
         return f"RayWorkerGroup({self.role.value}, pool={self.pool.name!r}, world_size={self.world_size})"
@@ -193,6 +195,7 @@ class RayRollout(RolloutEngine):
         self.shares_actor_weights = caps["shares_actor_weights"]
         self.supports_memory_release = caps["supports_memory_release"]
         self._accepts_lora_adapters = caps.get("accepts_lora_adapters", False)
+        self.accepts_multi_modal = bool(getattr(engine, "accepts_multi_modal", False))  # prompts carry their images
         self.world_size = pool.world_size
 
     @property
@@ -269,6 +272,20 @@ class RayExecutor(Executor):
         self.threads = 1
         self.device = "cpu"
         atexit.register(self.shutdown)
+
+    @classmethod
+    def trainer_mode_problem(cls, config: RayExecutorConfig, mode: str) -> str | None:  # type: ignore[override]
+        """``separate_async`` needs the rollout on a pool of its own; ``colocate_async`` cannot be placed here:
+        the controller's producer would share the actor's worker processes, whose calls run one at a time."""
+        if mode == "colocate_async":
+            return ("'colocate_async' runs the producer in the controller's process, which the ray executor's "
+                    "workers do not share; use trainer.mode='separate_async' with the rollout on a pool of its own "
+                    "(executor.pools={gen=1}, executor.placement={rollout='gen'}), or executor.name='local'")
+        actor_pool = config.pool_of("actor")
+        if mode == "separate_async" and config.pool_of("rollout") == actor_pool:
+            return (f"'separate_async' needs the rollout on a pool of its own, but it is placed on the actor's pool "
+                    f"{actor_pool!r}; set executor.pools={{gen=1}} and executor.placement={{rollout='gen'}}")
+        return None
 
     # ------------------------------------------------------------------ cluster
     def _connect(self) -> None:
@@ -388,9 +405,10 @@ class RayExecutor(Executor):
             raise ValueError(f"the {role.value} group already exists on pool {pool.name!r}")
         packed, shared = self._pack_factory(factory)
         with pool.lock:
-            classes = self._get(pool, [h.create_worker.remote(role.value, packed, shared) for h in pool.hosts],
+            created = self._get(pool, [h.create_worker.remote(role.value, packed, shared) for h in pool.hosts],
                                 role=role.value, method="create_worker")
-        group = RayWorkerGroup(executor=self, role=role, pool=pool, worker_cls=classes[0])
+        group = RayWorkerGroup(executor=self, role=role, pool=pool, worker_cls=created[0][0],
+                               mesh=Mesh.of([world for _, world in created]))
         pool.groups.append(group)
         return group
 
@@ -487,12 +505,14 @@ class RayExecutor(Executor):
 
     # ------------------------------------------------------------------ dispatch
     def _dispatch(self, pool: _Pool, host_method: str, head: tuple[Any, ...], args: tuple[Any, ...],
-                  kwargs: dict[str, Any], mode: str, *, role: str, method: str, fetch: bool = True) -> Any:
+                  kwargs: dict[str, Any], mode: str, *, role: str, method: str, fetch: bool = True,
+                  mesh: Mesh | None = None) -> Any:
         start = time.perf_counter()
         if mode == "split":
-            shards = split_call(args, kwargs, pool.world_size, method=f"{role}.{method}",
+            shards = split_call(args, kwargs, mesh.dp_size if mesh else pool.world_size, method=f"{role}.{method}",
                                 balance=self.config.balance_batches)
-            return self._dispatch_shards(pool, host_method, head, shards, mode, role=role, method=method, start=start)
+            return self._dispatch_shards(pool, host_method, head, shards, mode, role=role, method=method, start=start,
+                                         mesh=mesh)
         packed: Any = (tuple(args), dict(kwargs))
         if pool.world_size > 1 and (args or kwargs):
             packed = self._ray.put(packed)  # serialised once, read by every rank
@@ -511,14 +531,17 @@ class RayExecutor(Executor):
         return values[0] if mode == "broadcast" else values
 
     def _dispatch_shards(self, pool: _Pool, host_method: str, head: tuple[Any, ...], shards: Any, mode: str, *,
-                         role: str, method: str, start: float | None = None) -> Any:
+                         role: str, method: str, start: float | None = None, mesh: Mesh | None = None) -> Any:
         start = time.perf_counter() if start is None else start
-        # Each shard goes to one rank only: Ray serialises it with the task, no separate put.
-        per_rank = [(*head, call, mode) for call in shards.calls]
+        # Each shard goes to the ranks of one data-parallel group: Ray serialises it with the task.
+        calls = mesh.per_rank(shards) if mesh else shards.calls
+        per_rank = [(*head, call, mode) for call in calls]
         submitted = time.perf_counter()
         with pool.lock:
             refs, seconds = pool.run(host_method, per_rank, role=role, method=method)
         finished = time.perf_counter()
+        if mesh:
+            refs = mesh.read(refs)  # one result per data-parallel group, from its output rank
         result = gather_split(self._ray.get(refs), real=shards.real, padded=shards.padded, order=shards.order)
         end = time.perf_counter()
         self.stats.add(f"{role}.{method}", end - start, max(seconds), submitted - start, end - finished)

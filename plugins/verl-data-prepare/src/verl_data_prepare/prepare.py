@@ -7,7 +7,11 @@ Supported datasets and the files they are distributed as:
   ``#### 42``;
 * ``math``: the original Hendrycks MATH tree (``train/<subject>/<n>.json``, one problem per file), or JSON
   lines / JSON / parquet files (``DigitalLearningGmbH/MATH-lighteval``) with ``problem`` and ``solution``
-  columns, the answer being the solution's last ``\\boxed{...}``.
+  columns, the answer being the solution's last ``\\boxed{...}``;
+* ``geometry3k``: the parquet files of ``hiyouga/geometry3k`` (``data/train-*.parquet``, ...) with
+  ``problem`` (the question, ``<image>`` where the diagram goes), ``answer`` and ``images`` (a list of
+  ``{"bytes", "path"}`` images) columns; the images are kept in verl's ``images`` column, one
+  ``<image>`` placeholder per image (added in front where the problem has fewer).
 
 Each input's split comes from its path (a ``train`` or ``test`` part of the name); splits are kept as
 given and written to ``<output>/<split>.parquet`` in the verl format, with the same ``data_source`` names
@@ -51,6 +55,7 @@ class DatasetRecipe:
     solution_key: str
     extract: Callable[[str], str | None]
     extra_keys: tuple[str, ...] = ()
+    images_key: str = ""
 
 
 def _math_answer(solution: str) -> str | None:
@@ -62,7 +67,10 @@ DATASETS: dict[str, DatasetRecipe] = {
     "gsm8k": DatasetRecipe("openai/gsm8k", GSM8K_INSTRUCTION, "question", "answer", extract_gsm8k_answer),
     "math": DatasetRecipe("DigitalLearningGmbH/MATH-lighteval", MATH_INSTRUCTION, "problem", "solution",
                           _math_answer, extra_keys=("level", "type")),
+    "geometry3k": DatasetRecipe("hiyouga/geometry3k", MATH_INSTRUCTION, "problem", "answer",
+                                lambda answer: answer.strip() or None, images_key="images"),
 }
+IMAGE_PLACEHOLDER = "<image>"
 
 
 @dataclass
@@ -172,14 +180,36 @@ def convert_rows(rows: Iterable[dict[str, Any]], recipe: DatasetRecipe, *, split
         content = f"{question} {instruction}" if instruction else question
         extra = {"split": split, "index": i, "question": question, "answer": solution}
         extra.update({k: str(row.get(k, "")) for k in recipe.extra_keys})
+        images: dict[str, Any] = {}
+        if recipe.images_key:
+            value = row.get(recipe.images_key)
+            if not isinstance(value, (list, tuple)) or not value:
+                raise DataError(f"{split} row {i} has no images in column {recipe.images_key!r} (a list of "
+                                f"{{'bytes', 'path'}} images); columns are {sorted(row)}")
+            missing = len(value) - content.count(IMAGE_PLACEHOLDER)
+            content = IMAGE_PLACEHOLDER * max(0, missing) + content
+            images = {"images": [_image_entry(v, split, i) for v in value]}
         out.append({
             "data_source": data_source or recipe.data_source,
             "prompt": [{"role": "user", "content": content}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": truth},
             "extra_info": extra,
+            **images,
         })
     return out, skipped, first
+
+
+def _image_entry(value: Any, split: str, index: int) -> dict[str, Any]:
+    """One image as Hugging Face datasets stores it (``{"bytes", "path"}``), which verl reads."""
+    if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
+        return {"bytes": value.get("bytes"), "path": value.get("path")}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value), "path": None}
+    if isinstance(value, str) and value:
+        return {"bytes": None, "path": value}
+    raise DataError(f"{split} row {index}: an image must be {{'bytes', 'path'}}, bytes or a path, got "
+                    f"{type(value).__name__}")
 
 
 def prepare(dataset: str, inputs: Sequence[str | Path], output: str | Path, *, split: str | None = None,
@@ -187,7 +217,7 @@ def prepare(dataset: str, inputs: Sequence[str | Path], output: str | Path, *, s
     """Convert ``inputs`` of ``dataset`` to ``<output>/<split>.parquet``.
 
     Args:
-        dataset: a key of :data:`DATASETS` (``gsm8k``, ``math``).
+        dataset: a key of :data:`DATASETS` (``gsm8k``, ``math``, ``geometry3k``).
         inputs: files or directories of the dataset's own files.
         output: the output directory (created).
         split: the split of every input (default: read from each file's path).

@@ -14,15 +14,14 @@ with the calculator.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
 import pathlib
 import random
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
+from verl_core.builtin_kit import build_once, one_torch_thread
 from verl_core.interfaces import DatasetProvider, ModelProvider
 
 __all__ = ["TinyQwen2Tools", "ToolArithmetic", "ToolArithmeticReward", "build_tokenizer", "make_dataset",
@@ -230,54 +229,20 @@ def warm_start(model: Any, tokenizer: Any, rows: Sequence[dict], held_out: Seque
     return {"steps": step, "held_out_accuracy": accuracy, "target": target, "loss": float(loss.detach())}
 
 
-def _cache_root() -> pathlib.Path:
-    env = os.environ.get("VERL_CACHE_DIR")
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "verl"
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def ensure_model(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """The directory of ``builtin:tiny-qwen2-tools``, built on first use (a minute or two on one core);
     written to a temporary sibling and moved into place when complete, under a file lock."""
-    root = pathlib.Path(cache_dir) if cache_dir is not None else _cache_root()
-    target = root.expanduser() / "builtin" / f"tiny-qwen2-tools-{_VERSION}"
-    if (target / "warm_start.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "warm_start.json").is_file():
-            return target
-        import shutil
-        import tempfile
+    import torch
 
-        import torch
+    def build(tmp: pathlib.Path) -> None:
+        with one_torch_thread(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            tokenizer = build_tokenizer()
+            train, test = make_dataset()
+            model = build_model(tokenizer)
+            stats = warm_start(model, tokenizer, train, test[:64])
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "warm_start.json").write_text(json.dumps(stats, indent=2) + "\n")
 
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            with _one_thread(), torch.random.fork_rng(devices=[]):
-                torch.manual_seed(SEED)
-                tokenizer = build_tokenizer()
-                train, test = make_dataset()
-                model = build_model(tokenizer)
-                stats = warm_start(model, tokenizer, train, test[:64])
-                model.save_pretrained(tmp, safe_serialization=True)
-                tokenizer.save_pretrained(tmp)
-                (tmp / "warm_start.json").write_text(json.dumps(stats, indent=2) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(f"tiny-qwen2-tools-{_VERSION}", build, done_file="warm_start.json", cache_dir=cache_dir)

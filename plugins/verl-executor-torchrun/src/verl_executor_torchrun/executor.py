@@ -58,7 +58,7 @@ from verl_core.interfaces import (
     WorldInfo,
     dispatch_mode,
 )
-from verl_core.sharding import gather_split, split_call
+from verl_core.sharding import Mesh, gather_split, split_call
 
 __all__ = ["TorchrunExecutor", "TorchrunExecutorConfig", "TorchrunWorkerGroup", "torchrun_world",
            "FAILURE_GRACE_S"]
@@ -284,7 +284,7 @@ class _Session:
             elif op == "create":
                 gid, role, factory, threads = rest
                 world = dataclasses.replace(self.world, threads=threads)
-                self._run(f"building the {role} worker", lambda: factory(world))
+                self._run(f"building the {role} worker", lambda: factory(world), report=_mesh_place)
                 if self._last is not None:
                     self.workers[gid], self.roles[gid], self._backends_of[gid] = self._last, role, used
             elif op == "call":
@@ -313,7 +313,8 @@ class _Session:
             finally:
                 cm.__exit__(None, None, None)
 
-    def _run(self, what: str, fn: Callable[[], Any], *, mode: str = "broadcast") -> Any:
+    def _run(self, what: str, fn: Callable[[], Any], *, mode: str = "broadcast",
+             report: Callable[[Any], Any] | None = None) -> Any:
         """Run ``fn``, entering a context manager it returns, and report the outcome to rank 0.
 
         Returns the entered context manager, if any; the result is in ``self._last`` (``None``
@@ -334,6 +335,9 @@ class _Session:
             timer.cancel()
             return None
         self._last = result
+        if report is not None:  # what rank 0 needs of the result, not the result
+            self.gather((None, None, report(result)))
+            return None
         self.gather((None, None, None if mode == "broadcast" or entered is not None else result))
         return None if entered is None else entered[0]
 
@@ -382,12 +386,13 @@ def _session(config: TorchrunExecutorConfig) -> _Session:
 class TorchrunWorkerGroup(WorkerGroup):
     """A role's workers on every torchrun rank; rank 0's worker lives in the controller's process."""
 
-    def __init__(self, *, executor: "TorchrunExecutor", role: Role, gid: int, worker: Any) -> None:
+    def __init__(self, *, executor: "TorchrunExecutor", role: Role, gid: int, worker: Any, mesh: Mesh) -> None:
         self.executor = executor
         self.role = role
         self.gid = gid
         self.worker = worker
         self.world_size = executor.session.world_size
+        self.mesh = mesh  # split calls go over its data-parallel groups
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.executor._call(self, method, args, kwargs)
@@ -434,13 +439,15 @@ class TorchrunExecutor(Executor):
             gid = next(s._ids)
             s.send_all(("create", gid, role.value, factory, world.threads))
             try:
-                worker = self._finish(f"building the {role.value} worker", lambda: factory(world))
+                built = self._finish(f"building the {role.value} worker", lambda: factory(world), mode="all")
             except BaseException:
                 if not s.broken:
                     s.send_all(("close", [gid]))  # the ranks that built theirs
                 raise
+            worker = built[0]
             s.workers[gid], s.roles[gid] = worker, role.value
-        group = TorchrunWorkerGroup(executor=self, role=role, gid=gid, worker=worker)
+        mesh = Mesh.of([_mesh_place(worker), *built[1:]])  # every rank reports its place in the mesh
+        group = TorchrunWorkerGroup(executor=self, role=role, gid=gid, worker=worker, mesh=mesh)
         self._groups.append(group)
         return group
 
@@ -478,8 +485,9 @@ class TorchrunExecutor(Executor):
             self._check_idle()
             shards = None
             if mode == "split":
-                shards = split_call(args, kwargs, s.world_size, method=what, balance=self.config.balance_batches)
-                calls = shards.calls
+                shards = split_call(args, kwargs, group.mesh.dp_size, method=what,
+                                    balance=self.config.balance_batches)
+                calls = group.mesh.per_rank(shards)
                 s.send([("call", group.gid, method, a, k, mode) for a, k in calls[1:]])
             else:
                 calls = [(args, kwargs)]
@@ -490,7 +498,7 @@ class TorchrunExecutor(Executor):
         if isinstance(results, _Entered):
             return _SpmdContext(s, results)
         if mode == "split":
-            return gather_split(results, real=shards.real, padded=shards.padded, order=shards.order)
+            return gather_split(group.mesh.read(results), real=shards.real, padded=shards.padded, order=shards.order)
         return results
 
     def _finish(self, what: str, fn: Callable[[], Any], *, mode: str = "broadcast") -> Any:
@@ -616,6 +624,16 @@ class _SpmdContext:
 # ---------------------------------------------------------------------- helpers
 def _is_context(value: Any) -> bool:
     return hasattr(value, "__enter__") and hasattr(value, "__exit__")
+
+
+def _mesh_place(worker: Any) -> WorldInfo:
+    """A worker's place in its group's mesh: its own ``world`` when it keeps one (model-parallel
+    backends), else this rank's (pure data parallel)."""
+    world = getattr(worker, "world", None)
+    if isinstance(world, WorldInfo):
+        return world
+    rank, size, _ = torchrun_world() or (0, 1, 0)
+    return WorldInfo(rank=rank, world_size=size)
 
 
 def _enter(value: Any, what: str, mode: str) -> tuple[Any, Any] | None:

@@ -6,6 +6,7 @@ so ``pip install verl-loggers[tensorboard]`` (or ``[wandb]``) is needed only for
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,30 @@ from verl_core.loggers import scalars
 
 __version__ = "0.1.0"
 
-__all__ = ["TensorBoardLogger", "WandbLogger"]
+__all__ = ["TensorBoardLogger", "WandbLogger", "SAMPLE_COLUMNS"]
+
+#: The columns of a samples table (TensorBoard text, wandb table); a transcript joins them as JSON.
+SAMPLE_COLUMNS = ("step", "index", "prompt", "response", "ground_truth", "reward", "response_tokens",
+                  "finish_reason")
+
+
+def _cell(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str)) or value is None else json.dumps(value, default=str)
+
+
+def _markdown_table(samples: list[dict[str, Any]], columns: list[str]) -> str:
+    """TensorBoard renders text as markdown: one table row per sample (pipes and newlines escaped)."""
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(_cell(value))
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(s.get(c)) for c in columns) + " |" for s in samples]
+    return "\n".join(lines)
+
+
+def _columns(samples: list[dict[str, Any]]) -> list[str]:
+    return list(SAMPLE_COLUMNS) + (["transcript"] if any("transcript" in s for s in samples) else [])
 
 
 class TensorBoardLogger:
@@ -36,6 +60,12 @@ class TensorBoardLogger:
         for key, value in scalars(metrics).items():
             self._writer.add_scalar(key, value, step)
         self._writer.flush()
+
+    @hookimpl
+    def verl_samples(self, step: int, split: str, samples: list[dict[str, Any]]) -> None:
+        if samples:
+            self._writer.add_text(f"samples/{split}", _markdown_table(samples, _columns(samples)), step)
+            self._writer.flush()
 
     @hookimpl
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
@@ -63,6 +93,15 @@ class WandbLogger:
     @hookimpl
     def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(scalars(metrics), step=step)
+
+    @hookimpl
+    def verl_samples(self, step: int, split: str, samples: list[dict[str, Any]]) -> None:
+        import wandb
+
+        if samples:
+            columns = _columns(samples)
+            table = wandb.Table(columns=columns, data=[[_cell(s.get(c)) for c in columns] for s in samples])
+            self._run.log({f"samples/{split}": table}, step=step)
 
     @hookimpl
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:

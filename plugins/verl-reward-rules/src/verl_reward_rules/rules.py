@@ -177,7 +177,8 @@ class MathReward:
 
     Config = MathConfig
     data_sources = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "lighteval/MATH-Hard",
-                    "hendrycks/competition_math", "EleutherAI/hendrycks_math", "HuggingFaceH4/MATH-500")
+                    "hendrycks/competition_math", "EleutherAI/hendrycks_math", "HuggingFaceH4/MATH-500",
+                    "hiyouga/geometry3k")
 
     def __init__(self, config: MathConfig | None = None) -> None:
         self.config = config or MathConfig()

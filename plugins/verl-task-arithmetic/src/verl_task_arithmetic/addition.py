@@ -19,14 +19,10 @@ left-padded rollouts behave exactly like the unpadded SFT sequences.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import pathlib
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -34,6 +30,7 @@ from typing import Any
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from verl_core.builtin_kit import build_once, one_torch_thread
 
 __all__ = [
     "BUILTIN_MODEL_NAME",
@@ -305,16 +302,20 @@ def warm_start(
     eval_accuracy: float | None = None
     started = time.perf_counter()
     batch_iter = batches()
-    for step in range(1, steps + 1):
-        input_ids, attention_mask, labels = _sft_batch(tokenizer, next(batch_iter))
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        if target_accuracy is not None and step % eval_every == 0:
-            eval_accuracy = evaluate_greedy(model, tokenizer, eval_rows)
-            if eval_accuracy >= target_accuracy:
+    from verl_core.progress import Progress
+
+    with Progress("warm start of the built-in model", total=steps, unit="steps") as bar:
+        for step in range(1, steps + 1):
+            input_ids, attention_mask, labels = _sft_batch(tokenizer, next(batch_iter))
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if target_accuracy is not None and step % eval_every == 0:
+                eval_accuracy = evaluate_greedy(model, tokenizer, eval_rows)
+            bar.update(step, loss=losses[-1], accuracy=eval_accuracy)
+            if eval_accuracy is not None and target_accuracy is not None and eval_accuracy >= target_accuracy:
                 break
     seconds = time.perf_counter() - started
     model.eval()
@@ -394,22 +395,6 @@ def reward(response: str, ground_truth: str) -> float:
     return 1.0 if response.strip() == ground_truth.strip() else 0.0
 
 
-def _default_cache_dir() -> pathlib.Path:
-    env = os.environ.get("VERL_CACHE_DIR")
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "verl"
-
-
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Runs the block with one torch thread: the built weights depend on the thread count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def _build_into(directory: pathlib.Path) -> None:
     """Builds tokenizer, model and warm start, and saves them as a Hugging Face model directory."""
     tokenizer = build_tokenizer()
@@ -449,30 +434,8 @@ def ensure_builtin_model(cache_dir: str | os.PathLike | None = None) -> pathlib.
         The model directory: safetensors weights, config, tokenizer files and ``warm_start.json`` (SFT statistics
         and greedy test accuracy).
     """
-    root = pathlib.Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    target = root.expanduser() / _CACHE_SUBDIR
-    if (target / _WARM_START_FILE).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            # Another process may have finished the build while this one waited for the lock.
-            if (target / _WARM_START_FILE).is_file():
-                return target
-            if target.exists():
-                # Not produced by this function (os.replace moves only complete builds); do not trust it.
-                shutil.rmtree(target)
-            staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-            try:
-                with _single_thread():
-                    _build_into(staging)
-                # mkdtemp makes the directory private (0700); the cache is meant to be readable like any other.
-                staging.chmod(0o755)
-                os.replace(staging, target)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
-    return target
+    def build(staging: pathlib.Path) -> None:
+        with one_torch_thread():
+            _build_into(staging)
+
+    return build_once(_CACHE_SUBDIR.name, build, done_file=_WARM_START_FILE, cache_dir=cache_dir)

@@ -91,7 +91,9 @@ class PolicyGradient(Algorithm):
     Config = PPOFamilyConfig
 
     def requirements(self) -> Requirements:
-        return Requirements(critic=False, reference=self.config.kl_coef > 0)
+        # Off-policy capable: the PPO ratio against the old log-probs, and rollout_is_cap's truncated
+        # importance weights against the sampling policy's log-probs.
+        return Requirements(critic=False, reference=self.config.kl_coef > 0, off_policy=True)
 
     def rollout_request(self) -> RolloutRequest:
         """What this algorithm asks of the rollout stage (filters, baselines); nothing by default."""

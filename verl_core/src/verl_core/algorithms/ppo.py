@@ -46,7 +46,7 @@ class PPO(PolicyGradient):
     Config = PPOConfig
 
     def requirements(self) -> Requirements:
-        return Requirements(critic=True, reference=self.config.kl_coef > 0)
+        return Requirements(critic=True, reference=self.config.kl_coef > 0, off_policy=True)
 
     def compute_advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return F.gae_advantages(batch.token_rewards, batch.values, batch.response_mask, gamma=self.config.gamma,

@@ -9,11 +9,23 @@ Subclass :class:`BackendConformance` and provide two fixtures:
 Workers are built on one rank (:class:`~verl_core.interfaces.WorldInfo` defaults), several per
 test, so a backend that sets up ``torch.distributed`` must reuse an existing process group. The
 ground truth is always a plain float32 Hugging Face forward of ``model_dir``.
+
+One case runs several ranks: a backend opts in by overriding the ``multi_rank_backend`` fixture
+with the backend laid out over :attr:`BackendConformance.multi_rank_world_size` processes (FSDP
+sharded two ways, Megatron at TP=2 or DP=2; parametrize the fixture for several layouts). The
+case starts that many processes (gloo on CPU, ``torch.multiprocessing`` standing in for an
+executor), places them in the mesh their workers report, and checks them against the same backend
+at one rank. It is marked ``heavy``.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import socket
+import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -21,6 +33,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.interfaces import LogProbs, ModelSpec, Role, TrainingBackend, TrainingWorker, WorldInfo
+from verl_core.sharding import Mesh, gather_split, split_call
 from verl_core.testing._factories import make_batch
 
 __all__ = ["BackendConformance"]
@@ -46,6 +59,22 @@ def simple_value_loss(*, batch: Batch, values: torch.Tensor | None = None, log_p
     return loss, {"test/value_loss": float(loss.detach())}
 
 
+def sample_mean_policy_loss(*, batch: Batch, log_probs: torch.Tensor | None = None,
+                            entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                            ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The mean over samples of each sample's masked mean of ``-log_probs * advantages``.
+
+    Micro-batches weighted by their share of samples, and data-parallel shards of equal size
+    averaged over ranks, compose into exactly this loss of the whole batch (a token mean over the
+    batch would not: shards hold different numbers of tokens).
+    """
+    mask = batch.response_mask.to(log_probs.device, log_probs.dtype)
+    adv = batch.advantages.to(log_probs.device, log_probs.dtype)
+    per_sample = -(log_probs * adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    loss = per_sample.mean()
+    return loss, {"test/loss": float(loss.detach())}
+
+
 def nan_loss(*, batch: Batch, log_probs: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
              values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """A loss that diverged: NaN but still attached to the graph."""
@@ -60,12 +89,20 @@ class BackendConformance:
         prompt_length: prompt width (prompts are left-padded).
         response_length: response width (responses are right-padded, with tool tokens).
         logprob_atol: largest allowed gap between the backend's log-probs and a float32 HF forward.
+        multi_rank_world_size: processes the multi-rank case starts (it must divide ``batch_size``).
+        multi_rank_weight_atol: largest allowed gap between the weights after one update at
+            ``multi_rank_world_size`` ranks and after the same update at one rank.
+        multi_rank_deadline_s: the multi-rank case fails (and kills its processes) after this long;
+            ranks that disagree on a collective would otherwise wait forever.
     """
 
     batch_size = 6
     prompt_length = 7
     response_length = 6
     logprob_atol = 1e-5
+    multi_rank_world_size = 2
+    multi_rank_weight_atol = 1e-4
+    multi_rank_deadline_s = 600
 
     @pytest.fixture
     def backend(self) -> TrainingBackend:
@@ -76,6 +113,16 @@ class BackendConformance:
     def model_dir(self) -> str:
         """A local HF causal-LM directory; subclasses must override this fixture."""
         pytest.fail(f"{type(self).__name__} must provide a `model_dir` fixture")
+
+    @pytest.fixture
+    def multi_rank_backend(self) -> TrainingBackend | None:
+        """The backend laid out over :attr:`multi_rank_world_size` ranks, for
+        :meth:`test_multi_rank_matches_one_rank`; ``None`` (the default) skips that case.
+
+        It is pickled into the spawned processes. Its one-rank twin is
+        ``type(backend)(backend.config.for_single_process())``.
+        """
+        return None
 
     @pytest.fixture
     def make_worker(self, backend: TrainingBackend, model_dir: str) -> Iterator[WorkerFactory]:
@@ -231,3 +278,162 @@ class BackendConformance:
         metrics = critic.update_values(batch, loss_fn=simple_value_loss, mini_batch_size=0, epochs=1)
         self.check_metrics(metrics, "critic/grad_norm")
         assert not torch.equal(critic.compute_values(batch), values), "update_values did not change the values"
+
+    # ------------------------------------------------------------------ mesh
+    def test_world_names_a_consistent_mesh(self, make_worker: WorkerFactory) -> None:
+        """The worker's ``world`` (what executors read to split calls over data-parallel groups), when it
+        keeps one, is this rank's, with a mesh that multiplies out to the world size and one output rank."""
+        world = getattr(make_worker(Role.ACTOR), "world", None)
+        if world is None:
+            return  # executors then treat every rank as its own data-parallel group
+        assert isinstance(world, WorldInfo)
+        assert (world.rank, world.world_size) == (0, 1)
+        assert world.dp_size * world.tp_size * world.pp_size == world.world_size
+        assert (world.dp_rank, world.tp_rank, world.pp_rank) == (0, 0, 0) and world.is_output_rank
+
+    # ------------------------------------------------------------------ several ranks
+    @pytest.mark.heavy
+    def test_multi_rank_matches_one_rank(self, multi_rank_backend: TrainingBackend | None, model_dir: str,
+                                         hf_model: torch.nn.Module, batch: Batch, tmp_path: Path) -> None:
+        """At several ranks (processes on a gloo group), placed in data-parallel groups by the mesh
+        their workers report as an executor would: every rank's ``world`` is its own and the ranks
+        form one consistent mesh; ``compute_log_probs`` of the batch, read from each group's output
+        rank, equals the one-rank result; one ``update_policy`` on the batch gives the one-rank
+        update's loss, grad norm and weights; ``iter_weights`` yields every HF parameter at full
+        shape on the output ranks, the same on each of them."""
+        if multi_rank_backend is None:
+            pytest.skip(f"{type(self).__name__} provides no `multi_rank_backend` fixture")
+        size = self.multi_rank_world_size
+        single = type(multi_rank_backend)(multi_rank_backend.config.for_single_process())
+        worker = single.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1),
+                                      seed=0)
+        try:
+            one_lp = worker.compute_log_probs(batch, with_entropy=True)
+            one_metrics = worker.update_policy(batch, loss_fn=sample_mean_policy_loss, mini_batch_size=0, epochs=1)
+            one_weights = self.weights(worker)
+        finally:
+            worker.close()
+
+        ranks = run_ranks(_multi_rank_scenario, size, multi_rank_backend, model_dir, batch, out_dir=str(tmp_path),
+                          deadline_s=self.multi_rank_deadline_s)
+        places = [r["place"] for r in ranks]
+        for rank, place in enumerate(places):
+            assert isinstance(place, WorldInfo), f"rank {rank}: `world` is a {type(place).__name__}, not a WorldInfo"
+            assert (place.rank, place.world_size) == (rank, size), f"rank {rank} of {size} reports {place}"
+            assert place.dp_size * place.tp_size * place.pp_size == size, f"rank {rank}: mesh {place} != {size} ranks"
+            for axis in ("dp", "tp", "pp"):
+                index, extent = getattr(place, f"{axis}_rank"), getattr(place, f"{axis}_size")
+                assert 0 <= index < extent, f"rank {rank}: {axis}_rank {index} outside {axis}_size {extent}"
+        coordinates = [(p.dp_rank, p.tp_rank, p.pp_rank) for p in places]
+        assert len(set(coordinates)) == size, f"two ranks claim the same place in the mesh: {coordinates}"
+        mesh = Mesh.of(places)  # one output rank per data-parallel group, every rank agreeing on dp_size
+        assert all(p.is_output_rank == (rank in mesh.readers) for rank, p in enumerate(places))
+
+        real = batch.response_attention_mask.bool()
+        shards = ranks[0]["shards"]
+        got = gather_split(mesh.read([r["log_probs"] for r in ranks]), real=shards[0], padded=shards[1],
+                           order=shards[2])
+        assert got.log_probs.shape == batch.response_ids.shape, (
+            f"log-probs {tuple(got.log_probs.shape)} for a batch of {tuple(batch.response_ids.shape)}: each "
+            f"data-parallel group's output rank must return its shard's rows once")
+        torch.testing.assert_close(got.log_probs.float()[real], one_lp.log_probs.float()[real], rtol=0,
+                                   atol=self.logprob_atol)
+        torch.testing.assert_close(got.entropy.float()[real], one_lp.entropy.float()[real], rtol=0,
+                                   atol=self.logprob_atol)
+
+        metrics = gather_split(mesh.read([r["metrics"] for r in ranks]), real=shards[0], padded=shards[1])
+        self.check_metrics(metrics, "actor/grad_norm")
+        for key, atol in (("test/loss", self.logprob_atol), ("actor/grad_norm", self.multi_rank_weight_atol)):
+            assert abs(metrics[key] - one_metrics[key]) <= atol, (
+                f"{key}: {metrics[key]} at {size} ranks, {one_metrics[key]} at one")
+
+        expected = dict(hf_model.named_parameters())
+        first = ranks[mesh.readers[0]]["weights"]
+        for reader in mesh.readers:
+            weights = ranks[reader]["weights"]
+            missing = sorted(set(expected) - set(weights))
+            assert not missing, f"rank {reader}: iter_weights does not yield {missing[:5]}"
+            for name, param in expected.items():
+                assert weights[name].shape == param.shape, (
+                    f"rank {reader}: {name} is {tuple(weights[name].shape)}, not the full {tuple(param.shape)}")
+            differ = sorted(k for k in weights if not torch.equal(weights[k], first[k]))
+            assert not differ, f"output ranks {mesh.readers[0]} and {reader} yield different {differ[:5]}"
+        assert first.keys() == one_weights.keys()
+        gaps = {k: (first[k].float() - one_weights[k].float()).abs().max().item() for k in first}
+        worst = max(gaps, key=gaps.get)
+        assert gaps[worst] <= self.multi_rank_weight_atol, (
+            f"after one update {worst} differs from the one-rank update by {gaps[worst]:.3g}")
+        assert any(not torch.equal(first[k], expected[k].detach()) for k in expected), "the update changed nothing"
+
+
+# ----------------------------------------------------------------------------- several ranks
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, payload: bytes, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    scenario, args = pickle.loads(payload)
+    torch.save(scenario(rank, world_size, *args), os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def run_ranks(scenario: Callable[..., dict[str, Any]], world_size: int, *args: Any, out_dir: str,
+              deadline_s: float = 600) -> list[dict[str, Any]]:
+    """``scenario(rank, world_size, *args)`` in ``world_size`` spawned processes that share an
+    ``env://`` rendezvous (``ensure_process_group`` joins it); returns what each rank returned, in
+    rank order, passed through files in ``out_dir``.
+
+    ``scenario`` and ``args`` are pickled (a module-level function, importable objects). A rank that
+    raises fails the test with its traceback (the others are stopped); ranks still running after
+    ``deadline_s`` are killed and the test fails.
+    """
+    import torch.multiprocessing as mp
+
+    # Plain pickle, by value: torch.multiprocessing's own pickler would hand tensors over as shared-memory
+    # file descriptors, which spawning more than one process from the same arguments does not survive.
+    payload = pickle.dumps((scenario, args))
+    ctx = mp.start_processes(_rank_main, args=(world_size, _free_port(), payload, out_dir),
+                             nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + deadline_s
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            pytest.fail(f"{world_size} ranks still running after {deadline_s} s: they disagree on a collective")
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def _multi_rank_scenario(rank: int, world_size: int, backend: TrainingBackend, model_dir: str,
+                         batch: Batch) -> dict[str, Any]:
+    """One rank of :meth:`BackendConformance.test_multi_rank_matches_one_rank`: what an executor does
+    with a worker group, on this rank."""
+    import torch.distributed as dist
+
+    worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                   world=WorldInfo(rank=rank, world_size=world_size, threads=1), seed=0)
+    try:
+        # Like the executors: the worker's own `world` when it keeps one, else pure data parallel.
+        place = getattr(worker, "world", None)
+        if place is None:
+            place = WorldInfo(rank=rank, world_size=world_size)
+        places: list[Any] = [None] * world_size
+        dist.all_gather_object(places, place)
+        mesh = Mesh.of(places)
+        shards = split_call((batch,), {}, mesh.dp_size, method="compute_log_probs")
+        if shards.padded != shards.real:
+            raise ValueError(f"batch_size={len(batch)} is not a multiple of the {mesh.dp_size} data-parallel groups: "
+                             f"padded rows would change sample_mean_policy_loss; pick a multiple")
+        (shard,), _ = mesh.per_rank(shards)[rank]
+        out: dict[str, Any] = {"place": place, "shards": (shards.real, shards.padded, shards.order)}
+        out["log_probs"] = worker.compute_log_probs(shard, with_entropy=True)
+        out["metrics"] = worker.update_policy(shard, loss_fn=sample_mean_policy_loss, mini_batch_size=0, epochs=1)
+        weights = {name: t.detach().cpu().clone() for name, t in worker.iter_weights()}  # collective: every rank
+        out["weights"] = weights if place.is_output_rank else None
+        dist.barrier()  # no rank leaves while a peer is still inside a collective
+    finally:
+        worker.close()
+    dist.destroy_process_group()
+    return out

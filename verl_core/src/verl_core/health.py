@@ -1,0 +1,71 @@
+"""Health checks on a run's metrics: the problems a user would want to hear about while it trains.
+
+:class:`HealthMonitor` reads each step's metrics and returns the checks that fail; the trainer hands
+them to the ``verl_health`` hook (the console prints them, the ``jsonl`` logger records them in
+``<run_dir>/health.jsonl``, ``verl dashboard`` shows them). Each check speaks once when it starts
+failing and again only after it has recovered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HealthMonitor"]
+
+
+class HealthMonitor:
+    """Watches metrics for: no learning signal, every response truncated, KL too high, no validation
+    data, and the rollout engine's log-probs drifting from the trainer's (a weight-sync gap).
+
+    Args:
+        run: the run's :class:`~verl_core.config.RunConfig` (``health_flat_steps``, ``health_max_kl``).
+        max_log_prob_gap: the weight-sync guard's limit (``rollout.max_log_prob_gap`` as resolved; 0: off).
+    """
+
+    def __init__(self, run: Any, max_log_prob_gap: float = 0.0) -> None:
+        self.flat_steps = run.health_flat_steps
+        self.max_kl = run.health_max_kl
+        self.validates = bool(run.val_every or run.val_before_train)
+        self.max_gap = max_log_prob_gap or 0.0
+        self._flat_run = 0
+        self._failing: set[str] = set()
+
+    def observe(self, step: int, metrics: dict[str, float]) -> list[tuple[str, str]]:
+        """The ``(check, message)`` pairs that start failing with these metrics."""
+        failing: dict[str, str] = {}
+        if "data/val_prompts" in metrics and not metrics["data/val_prompts"] and self.validates:
+            failing["no_validation"] = ("validation skipped: the data has no test split (set data.val to a "
+                                        "validation file, or data.val_split to a split the dataset has)")
+        flat = metrics.get("reward/flat_group_frac")
+        if flat is not None:
+            self._flat_run = self._flat_run + 1 if flat >= 1.0 else 0
+            if self.flat_steps and self._flat_run >= self.flat_steps:
+                failing["flat_rewards"] = (f"every group's samples got the same reward for {self._flat_run} steps: "
+                                           f"group-relative advantages are all zero, nothing is learned (the task "
+                                           f"is too hard or too easy for the model; raise rollout.n or "
+                                           f"rollout.temperature, or check the reward)")
+        if metrics.get("response_length/clip_frac", 0.0) >= 1.0:
+            failing["all_truncated"] = ("every response hit the length limit (response_length/clip_frac = 1): raise "
+                                        "data.max_response_length, or reward stopping (the answers are cut off)")
+        for key in ("ppo/kl_divergence", "actor/ref_kl"):
+            value = metrics.get(key)
+            if self.max_kl and value is not None and value > self.max_kl:
+                failing["kl"] = (f"{key} = {value:.3g} is above run.health_max_kl={self.max_kl:g}: the policy is "
+                                 f"moving far from its reference (lower backend.lr, or raise algorithm.kl_coef)")
+                break
+        gap = metrics.get("rollout/log_prob_diff_mean")
+        if self.max_gap and gap is not None and gap > self.max_gap:
+            failing["weight_sync_gap"] = (f"the rollout engine's log-probs differ from the trainer's by {gap:.3g} per "
+                                          f"token (rollout.max_log_prob_gap={self.max_gap:g}): the engine may be "
+                                          f"sampling from stale weights")
+        # A check that is not measured at this step (no KL metric, say) keeps its state.
+        measured = {"flat_rewards": flat is not None,
+                    "all_truncated": "response_length/clip_frac" in metrics,
+                    "kl": any(k in metrics for k in ("ppo/kl_divergence", "actor/ref_kl")),
+                    "weight_sync_gap": gap is not None, "no_validation": "data/val_prompts" in metrics}
+        for check, seen in measured.items():
+            if seen and check not in failing:
+                self._failing.discard(check)
+        new = [(check, message) for check, message in failing.items() if check not in self._failing]
+        self._failing.update(failing)
+        return new

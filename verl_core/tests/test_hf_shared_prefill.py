@@ -1,0 +1,50 @@
+"""The HF rollout prefills each prompt once for its ``n`` samples: the same samples, fewer tokens."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from verl_core.interfaces import ModelSpec, SamplingParams
+from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+from verl_core.testing import chat_prompt_ids, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("m"))
+
+
+def _engine(model_dir: str, shared: bool) -> tuple[HFRollout, list[int]]:
+    engine = HFRollout(config=HFRolloutConfig(shared_prefill=shared), model=ModelSpec(path=model_dir),
+                       tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    fed: list[int] = []
+    engine._own.get_input_embeddings().register_forward_hook(lambda mod, args, out: fed.append(args[0].numel()))
+    return engine, fed
+
+
+def test_shared_prefill_draws_the_same_samples_from_fewer_tokens(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = chat_prompt_ids(tok)  # of different lengths: left padding
+    sampling = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, seed=7, logprobs=True)
+    runs = {}
+    for shared in (False, True):
+        engine, fed = _engine(model_dir, shared)
+        runs[shared] = engine.generate(prompts, sampling=sampling), sum(fed)
+    (plain, plain_fed), (shared, shared_fed) = runs[False], runs[True]
+    assert shared.response_ids == plain.response_ids and shared.finish_reasons == plain.finish_reasons
+    assert len(shared.response_ids) == 16 and len({tuple(r) for r in shared.response_ids}) > 4  # sampled, not copied
+    for a, b in zip(plain.log_probs, shared.log_probs):
+        assert a == pytest.approx(b, abs=1e-5)
+    width = max(map(len, prompts))
+    # The prompts went in once (less their last token, which each sample feeds), not 4 times.
+    assert plain_fed - shared_fed == 3 * 4 * (width - 1)
+
+
+def test_greedy_and_single_samples_generate_as_before(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = chat_prompt_ids(tok)
+    for sampling in (SamplingParams(n=3, max_new_tokens=5, greedy=True), SamplingParams(n=1, max_new_tokens=5,
+                                                                                          seed=1)):
+        (a, _), (b, _) = (_engine(model_dir, s) for s in (False, True))
+        assert a.generate(prompts, sampling=sampling).response_ids == b.generate(prompts, sampling=sampling).response_ids
