@@ -116,12 +116,12 @@ class FSDPConfig(BackendConfig):
             several responses, each attending to the prompt and to itself only (a block mask), with
             the position ids each would have alone, so the log-probs are those of separate rows (to
             float rounding) at the cost of ``prompt + n x response`` tokens instead of
-            ``n x (prompt + response)``. How many responses share a row is chosen per micro-batch from
-            the model's width, since the mask makes attention cost grow with the square of the row.
-            ``"auto"`` shares where the model is a text decoder on padded rows (not ``remove_padding``,
-            not vision); ``"true"`` fails on a model it cannot serve; ``"false"`` (the default) never
-            shares. Off by default for now: data-parallel ranks lay their shards' rows out differently,
-            so two ranks match one process to ~2e-5 instead of ~1e-6 (float rounding, not a bias).
+            ``n x (prompt + response)``. How many responses share a row is chosen per prompt group
+            from the group's lengths and the model's width (the mask makes attention cost grow with
+            the square of the row), so a group is laid out alike in any batch and on any rank.
+            ``"auto"`` (the default) shares where the model is a text decoder on padded rows (not
+            ``remove_padding``, not vision); ``"true"`` fails on a model it cannot serve; ``"false"``
+            never shares.
     """
 
     param_dtype: str = "float32"
@@ -141,7 +141,7 @@ class FSDPConfig(BackendConfig):
     release_host_memory: bool = False
     remove_padding: str = "auto"
     freeze_vision_tower: bool = False
-    shared_prompt: str = "false"
+    shared_prompt: str = "auto"
 
     def compute_dtype(self, model_dtype: str) -> str:
         """Forward passes run in ``param_dtype`` when mixed precision casts to it."""
@@ -1027,11 +1027,12 @@ def _shared_prompt_layout(batch: Batch, config: Any) -> tuple[torch.Tensor, ...]
         return None
     width = int(getattr(config, "hidden_size", 0) or 0)
     ffn = int(getattr(config, "intermediate_size", 0) or 4 * width)
-    mean_response = max(1.0, float(lengths.float().mean()))
     pad_id = int(batch.info.get("pad_token_id", 0))
     rows_ids, rows_pos, rows_seg = [], [], []
     where: dict[int, tuple[int, int, int]] = {}  # sample -> (row, column of its prompt's last token, start)
     for prompt, members in groups.items():
+        # Chosen from the group alone, so a group is laid out the same in any batch or on any rank.
+        mean_response = max(1.0, float(lengths[members].float().mean()))
         per_row = _responses_per_row(len(prompt), mean_response, len(members), width, ffn)
         for s in range(0, len(members), per_row):
             ids, pos, seg = list(prompt), list(range(len(prompt))), [0] * len(prompt)
