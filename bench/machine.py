@@ -15,3 +15,16 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def bf16_flags() -> str:
+    """The CPU's bf16 matmul instructions as /proc/cpuinfo names them (``avx512_bf16``, ``amx_bf16``), or
+    ``no bf16 instructions``: whether lower precision can be faster here at all."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                found = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in line.split()]
+                return ", ".join(found) or "no bf16 instructions"
+    except OSError:
+        pass
+    return "flags unknown"

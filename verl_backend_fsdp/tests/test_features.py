@@ -229,15 +229,24 @@ def test_chunked_lm_head_gives_the_same_log_probs_and_gradients(model_dir):
     assert (w.compute_log_probs(batch).log_probs[mask] - c.compute_log_probs(batch).log_probs[mask]).abs().max() < 1e-5
 
 
-def test_bf16_compute_keeps_fp32_master_weights(model_dir):
-    """param_dtype=bfloat16: forward/backward in bf16, the optimizer updates fp32 weights."""
+@pytest.mark.parametrize("setting", [{"param_dtype": "bfloat16"}, {"autocast": "bfloat16"}], ids=["param_dtype", "autocast"])
+def test_bf16_compute_keeps_fp32_master_weights(model_dir, setting):
+    """param_dtype=bfloat16 (FSDP's cast) or autocast=bfloat16: the matmuls run in bf16, the optimizer
+    updates fp32 weights."""
     batch = make_batch(batch_size=8, prompt_length=5, response_length=6, vocab_size=16, advantages=True, seed=4)
     fp32_worker, fp32 = _updated(model_dir, batch)
-    bf16_worker, bf16 = _updated(model_dir, batch, param_dtype="bfloat16")
+    bf16_worker, bf16 = _updated(model_dir, batch, **setting)
     assert all(v.dtype == torch.float32 for v in bf16.values())
     assert all(p.dtype == torch.float32 for p in bf16_worker.optimizer.param_groups[0]["params"])
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in bf16_worker.module.parameters())
+    projections = [m for name, m in bf16_worker.module.named_modules() if name.endswith("q_proj")]
+    seen = []
+    hooks = [m.register_forward_hook(lambda _m, _a, out: seen.append(out.dtype)) for m in projections]
     mask = batch.response_attention_mask.bool()
     lp16 = bf16_worker.compute_log_probs(batch).log_probs
+    for hook in hooks:
+        hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}  # the projections really ran in bf16
     lp32 = fp32_worker.compute_log_probs(batch).log_probs
     assert lp16.dtype == torch.float32  # log-softmax in fp32 even when the head ran in bf16
     gap = (lp16[mask] - lp32[mask]).abs().max().item()
@@ -249,6 +258,15 @@ def test_bf16_compute_keeps_fp32_master_weights(model_dir):
         return float((lp * batch.advantages * batch.response_mask).sum())
 
     assert objective(lp16) > objective(initial) and objective(lp32) > objective(initial)
+
+
+def test_autocast_settings_are_checked():
+    from verl_backend_fsdp.backend import FSDPConfig
+
+    with pytest.raises(ValueError, match="autocast: must be 'off', 'bfloat16' or 'float16'"):
+        FSDPConfig(autocast="bf16").validate()
+    with pytest.raises(ValueError, match="two ways to compute in lower precision; set param_dtype='float32'"):
+        FSDPConfig(autocast="bfloat16", param_dtype="bfloat16").validate()
 
 
 @pytest.mark.parametrize("release", [True, False])

@@ -66,7 +66,14 @@ class FSDPConfig(BackendConfig):
 
     Attributes:
         param_dtype: dtype of parameters during forward/backward (mixed precision); master
-            weights and optimizer state stay in the model's dtype.
+            weights and optimizer state stay in the model's dtype. FSDP casts each layer's
+            parameters at every gather (forward and again in backward).
+        autocast: ``"bfloat16"`` or ``"float16"`` runs the forwards under ``torch.autocast``
+            (matmuls and attention in that dtype, softmax, norms and the loss in float32, each weight
+            cast once per forward); parameters, gradients and optimizer state stay in the model's
+            dtype. ``"off"`` (the default) runs in the compute dtype. On a CPU with bf16 matmuls
+            (``lscpu``: avx512_bf16 or amx_bf16) this is the faster of the two lower-precision paths
+            (``bench/fsdp_step.py``); set ``param_dtype`` or ``autocast``, not both.
         reduce_dtype: dtype of gradient reduction across ranks.
         activation_checkpointing: recompute layer activations in backward to save memory.
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU (GPU runs).
@@ -125,6 +132,7 @@ class FSDPConfig(BackendConfig):
     """
 
     param_dtype: str = "float32"
+    autocast: str = "off"
     reduce_dtype: str = "float32"
     activation_checkpointing: bool = False
     cpu_offload: bool = False
@@ -152,6 +160,11 @@ class FSDPConfig(BackendConfig):
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(self, key) not in _DTYPES:
                 raise ValueError(f"{key}: must be one of {sorted(_DTYPES)}")
+        if self.autocast not in ("off", "bfloat16", "float16"):
+            raise ValueError(f"autocast: must be 'off', 'bfloat16' or 'float16', not {self.autocast!r}")
+        if self.autocast != "off" and self.param_dtype != "float32":
+            raise ValueError(f"autocast={self.autocast!r} with param_dtype={self.param_dtype!r}: two ways to "
+                             f"compute in lower precision; set param_dtype='float32' or autocast='off'")
         if self.lora_rank < 0:
             raise ValueError("lora_rank: must be >= 0 (0 trains all weights)")
         if self.micro_batch_max_tokens < 0:
@@ -322,6 +335,7 @@ class FSDPWorker(TrainingWorker):
         self.packed = _wants_packing(config.remove_padding, module)
         self.shared_prompt = self.scores_tokens and _wants_shared_prompt(config.shared_prompt, module, self.packed)
         self.compute_dtype = _DTYPES[config.compute_dtype(str(model_dtype).removeprefix("torch."))]
+        self.autocast_dtype = None if config.autocast == "off" else _DTYPES[config.autocast]
         self.module = module
         self.trainable = role in (Role.ACTOR, Role.CRITIC)
         self.module.train(False)
@@ -439,19 +453,28 @@ class FSDPWorker(TrainingWorker):
             rows, cols = scored.nonzero(as_tuple=True)
             cols = cols + P - 1
         targets = batch.response_ids[scored]
-        lp, ent = self.module.verl_token_log_probs(
-            input_ids.to(self.device), position_ids.to(self.device), attention_mask, rows.to(self.device),
-            cols.to(self.device), targets.to(self.device), max(1, self.config.logits_chunk_size), with_entropy,
-            vision or None)
+        with self._autocast():
+            lp, ent = self.module.verl_token_log_probs(
+                input_ids.to(self.device), position_ids.to(self.device), attention_mask, rows.to(self.device),
+                cols.to(self.device), targets.to(self.device), max(1, self.config.logits_chunk_size), with_entropy,
+                vision or None)
         out_lp = lp.new_zeros(B, R).masked_scatter(scored.to(lp.device), lp)
         out_ent = ent.new_zeros(B, R).masked_scatter(scored.to(ent.device), ent) if with_entropy else None
         return out_lp, out_ent
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """``backend.autocast``: the forwards' lower-precision region (backward runs outside it, as
+        autocast wants: each op's backward in the dtype its forward ran in)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _values_forward(self, batch: Batch) -> torch.Tensor:
         input_ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
+        with self._autocast():
+            out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
         P, R = batch.prompt_ids.shape[1], batch.response_length
         # The value of response token t is read at the position before it (the state it was chosen in).
         return out.logits[:, P - 1:P + R - 1, 0].float()
@@ -505,7 +528,9 @@ class FSDPWorker(TrainingWorker):
         captured: dict[str, torch.Tensor] = {}
         hook = head.register_forward_hook(lambda _m, _a, out: captured.setdefault("logits", out)) if head else None
         try:
-            out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
+            with self._autocast():
+                out = self.module(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
+                                  use_cache=False)
         finally:
             if hook is not None:
                 hook.remove()
