@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from verl_core.interfaces import ModelSpec, SamplingParams
@@ -48,3 +49,31 @@ def test_greedy_and_single_samples_generate_as_before(model_dir):
                                                                                           seed=1)):
         (a, _), (b, _) = (_engine(model_dir, s) for s in (False, True))
         assert a.generate(prompts, sampling=sampling).response_ids == b.generate(prompts, sampling=sampling).response_ids
+
+
+def test_autocast_generates_in_bf16_and_says_so(model_dir):
+    """rollout.autocast='bfloat16': the projections run in bf16 (prefill and decode), the weights stay fp32, the
+    log-probs are close to fp32's, and the engine reports bf16 so the weight-sync guard takes the 16-bit limit."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = chat_prompt_ids(tok)
+    greedy = SamplingParams(n=2, max_new_tokens=5, greedy=True, logprobs=True)
+    fp32 = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=model_dir), tokenizer=tok)
+    bf16 = HFRollout(config=HFRolloutConfig(autocast="bfloat16"), model=ModelSpec(path=model_dir), tokenizer=tok)
+    seen = []
+    for name, mod in bf16._own.named_modules():
+        if name.endswith("q_proj"):
+            mod.register_forward_hook(lambda _m, _a, out: seen.append(out.dtype))
+    a, b = fp32.generate(prompts, sampling=greedy), bf16.generate(prompts, sampling=greedy)
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in bf16._own.parameters())
+    gaps = []
+    for ra, rb, la, lb in zip(a.response_ids, b.response_ids, a.log_probs, b.log_probs):
+        for ta, tb, x, y in zip(ra, rb, la, lb):  # up to where bf16 rounding picks another greedy token
+            if ta != tb:
+                break
+            gaps.append(abs(x - y))
+    assert gaps and max(gaps) < 0.1
+    assert HFRolloutConfig(autocast="bfloat16").compute_dtype("float32") == "bfloat16"
+    assert HFRolloutConfig().compute_dtype("float32") == "float32"
+    with pytest.raises(ValueError, match="autocast: must be 'off', 'bfloat16' or 'float16'"):
+        HFRolloutConfig(autocast="bf16").validate()

@@ -152,7 +152,10 @@ class FSDPConfig(BackendConfig):
     shared_prompt: str = "auto"
 
     def compute_dtype(self, model_dtype: str) -> str:
-        """Forward passes run in ``param_dtype`` when mixed precision casts to it."""
+        """Forward passes run in ``param_dtype`` when mixed precision casts to it, in ``autocast``'s dtype
+        under autocast."""
+        if self.autocast != "off":
+            return self.autocast
         return self.param_dtype if self.param_dtype != "float32" else model_dtype
 
     def validate(self) -> None:

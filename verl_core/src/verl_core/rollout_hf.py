@@ -31,10 +31,23 @@ class HFRolloutConfig(RolloutConfig):
             once and give its ``n`` samples copies of that key/value cache, instead of letting
             ``generate`` prefill ``n`` identical rows (text models; the samples drawn are the same
             random stream either way).
+        autocast: ``"bfloat16"`` or ``"float16"`` generates under ``torch.autocast`` (matmuls and
+            attention in that dtype, the weights unchanged); ``"off"`` (the default) in the model's
+            dtype. The log-probs it returns are then those of the lower-precision forward, and the
+            weight-sync guard's default limit is the 16-bit one.
     """
 
     batch_size: int = 0
     shared_prefill: bool = True
+    autocast: str = "off"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.autocast not in ("off", "bfloat16", "float16"):
+            raise ValueError(f"autocast: must be 'off', 'bfloat16' or 'float16', not {self.autocast!r}")
+
+    def compute_dtype(self, model_dtype: str) -> str:
+        return model_dtype if self.autocast == "off" else self.autocast
 
 
 class HFRollout(RolloutEngine):
@@ -115,12 +128,16 @@ class HFRollout(RolloutEngine):
         else:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                           top_k=sampling.top_k if sampling.top_k > 0 else 0)
-        if (self.config.shared_prefill and kwargs["num_return_sequences"] > 1 and not vision
-                and ids.shape[1] > 1):
-            ids, mask, kwargs["past_key_values"] = _shared_prefill(module, ids, mask, kwargs["num_return_sequences"])
-            kwargs["num_return_sequences"] = 1
+        autocast = (contextlib.nullcontext() if self.config.autocast == "off" else
+                    torch.autocast(ids.device.type, dtype=getattr(torch, self.config.autocast)))
         try:
-            out = module.generate(input_ids=ids, attention_mask=mask, **vision, **kwargs)
+            with autocast:
+                if (self.config.shared_prefill and kwargs["num_return_sequences"] > 1 and not vision
+                        and ids.shape[1] > 1):
+                    ids, mask, kwargs["past_key_values"] = _shared_prefill(module, ids, mask,
+                                                                           kwargs["num_return_sequences"])
+                    kwargs["num_return_sequences"] = 1
+                out = module.generate(input_ids=ids, attention_mask=mask, **vision, **kwargs)
         except RuntimeError as exc:
             if "probability tensor contains" not in str(exc):
                 raise
