@@ -12,6 +12,7 @@ same thread count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -23,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import bf16_flags, cpu_name  # noqa: E402 - bench/machine.py
 # "backend" holds FSDPConfig fields. At one rank the backend trains the plain module by default
 # (shard_single_rank=False); the wrapped row shows what FSDP itself costs there. Each FSDP row has a
 # plain-PyTorch row doing the same work: activation checkpointing through the model's own
@@ -38,11 +41,22 @@ CONFIGS = {
     "raw-pytorch ws2 (DDP)": {"kind": "raw", "ws": 2},
     "raw-pytorch ws2 (fully_shard)": {"kind": "raw", "ws": 2, "shard": True},
     "fsdp ws2": {"kind": "fsdp", "ws": 2, "backend": {}},
+    # Lower precision (issue 19): autocast as TRL/accelerate run it, the FSDP mixed-precision policy
+    # (param_dtype), the backend's autocast, and the model's weights themselves in bf16.
+    "raw-pytorch ws1 bf16 autocast": {"kind": "raw", "ws": 1, "autocast": "bfloat16"},
+    "raw-pytorch ws1 bf16 weights": {"kind": "raw", "ws": 1, "dtype": "bfloat16"},
+    "fsdp ws1 param_dtype=bfloat16": {"kind": "fsdp", "ws": 1, "backend": {"param_dtype": "bfloat16"}},
+    "fsdp ws1 autocast=bfloat16": {"kind": "fsdp", "ws": 1, "backend": {"autocast": "bfloat16"}},
 }
 # Which raw row each FSDP row is measured against.
 BASELINE = {"fsdp ws1": "raw-pytorch ws1", "fsdp ws1 wrapped (shard_single_rank)": "raw-pytorch ws1",
             "fsdp ws1 +act-ckpt": "raw-pytorch ws1 +act-ckpt", "fsdp ws2": "raw-pytorch ws2 (fully_shard)",
-            "raw-pytorch ws2 (fully_shard)": "raw-pytorch ws2 (DDP)"}
+            "raw-pytorch ws2 (fully_shard)": "raw-pytorch ws2 (DDP)",
+            "fsdp ws1 param_dtype=bfloat16": "raw-pytorch ws1 bf16 autocast",
+            "fsdp ws1 autocast=bfloat16": "raw-pytorch ws1 bf16 autocast"}
+# Lower precision against float32, the same path: speed-up = float32 step / lower-precision step.
+SPEEDUP = {"raw-pytorch ws1 bf16 autocast": "raw-pytorch ws1", "raw-pytorch ws1 bf16 weights": "raw-pytorch ws1",
+           "fsdp ws1 param_dtype=bfloat16": "fsdp ws1", "fsdp ws1 autocast=bfloat16": "fsdp ws1"}
 BATCH, PROMPT, RESPONSE = 8, 32, 64
 WARMUP = 2
 MEASURES = ("times", "cpu", "faults")  # per step: wall seconds, CPU seconds, minor page faults
@@ -106,7 +120,8 @@ def run_raw(rank: int, ws: int, model_dir: str, steps: int, settings: dict, port
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, settings.get("dtype", "float32")))
+    autocast = settings.get("autocast")
     if settings.get("act_ckpt"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -130,9 +145,10 @@ def run_raw(rank: int, ws: int, model_dir: str, steps: int, settings: dict, port
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        logits = net(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-        loss, _ = loss_fn(batch=batch, log_probs=lp)
+        with torch.autocast("cpu", dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext():
+            logits = net(input_ids=ids, use_cache=False, logits_to_keep=RESPONSE + 1).logits[:, :-1]
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+            loss, _ = loss_fn(batch=batch, log_probs=lp)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # a DTensor norm over all shards when sharded
         opt.step()
@@ -253,7 +269,7 @@ def main() -> None:
         f"host takes from this machine does not inflate.",
         f"Command: `python bench/fsdp_step.py --rounds {args.rounds} --steps {args.steps}"
         f"{' --only ' + repr(args.only) if args.only else ''}`; "
-        f"date {time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPU cores.",
+        f"date {time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPU cores, {cpu_name()} ({bf16_flags()}).",
         "",
         "| configuration | processes | median step (s) | vs raw ws1 | median CPU (s) | vs raw ws1 | overhead vs its "
         "raw row (wall / CPU) | minor page faults / step | peak RSS, all ranks (GiB) |",
@@ -278,6 +294,15 @@ def main() -> None:
             pairs = [f"{a['times'] / b['times'] - 1:+.1%} / {a['cpu'] / b['cpu'] - 1:+.1%}"
                      for a, b in zip(rounds[name], rounds[base_name])]
             lines.append(f"- {name} vs {base_name}: {', '.join(pairs)}")
+    speedups = [(n, b) for n, b in SPEEDUP.items() if n in rounds and b in rounds]
+    if speedups:
+        lines += ["", "Speed-up of lower precision over float32 on the same path (float32 step / this step), "
+                      "median of the rounds' ratios [per round], wall / CPU:", ""]
+    for name, base_name in speedups:
+        wall = [b["times"] / a["times"] for a, b in zip(rounds[name], rounds[base_name])]
+        cpu = [b["cpu"] / a["cpu"] for a, b in zip(rounds[name], rounds[base_name])]
+        lines.append(f"- {name} vs {base_name}: {statistics.median(wall):.2f}x / {statistics.median(cpu):.2f}x "
+                     f"[{', '.join(f'{w:.2f}' for w in wall)}]")
     out = Path(args.results)
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
