@@ -31,7 +31,11 @@ MODES = {"sync": ["trainer.mode='sync'"],
          # With its default, algorithm.rollout_is_cap=2.0: truncated importance weights for the stale samples.
          "colocate_async": ["trainer.mode='colocate_async'", "trainer.max_staleness=1"],
          "colocate_async, no IS": ["trainer.mode='colocate_async'", "trainer.max_staleness=1",
-                                   "algorithm.rollout_is_cap=0"]}
+                                   "algorithm.rollout_is_cap=0"],
+         # Issue 19's bf16 question: does the curve hold with the training forwards under bf16 autocast?
+         "sync bf16-autocast": ["trainer.mode='sync'", "backend.autocast='bfloat16'", "rollout.autocast='bfloat16'"],
+         "colocate_async bf16-autocast": ["trainer.mode='colocate_async'", "trainer.max_staleness=1",
+                                          "backend.autocast='bfloat16'", "rollout.autocast='bfloat16'"]}
 
 
 def run(mode: str, seed: int, steps: int, lock: str, extra: list[str], out: Path) -> dict:
@@ -66,6 +70,10 @@ def report(state: dict) -> None:
              f"`algorithm.rollout_is_cap=2.0` weighs the stale samples), and the same without that correction "
              f"(`colocate_async, no IS`: `algorithm.rollout_is_cap=0`), seeds {seeds}. CPU: "
              f"{state['cpu']}, 2 cores (shared with other work). Command: `{state['command']}`; date {state['date']}.",
+             *(["", "`bf16-autocast` rows: the same modes with `backend.autocast='bfloat16'` and "
+                    "`rollout.autocast='bfloat16'` (training forwards and generation under bf16 autocast; weights, "
+                    "gradients and optimizer state in float32)."]
+               if any("bf16" in r["mode"] for r in runs) else []),
              "", "Greedy test accuracy (`val/reward_mean`) by step, per seed:", "",
              "| mode | seed | " + " | ".join(f"step {s}" for s in sorted(runs[0]["val"], key=int)) + " | median s/step |",
              "|---|---|" + "---|" * (len(runs[0]["val"]) + 1)]
@@ -94,7 +102,8 @@ def report(state: dict) -> None:
         lines += ["", state["relabelled"]]
     lines += ["", "Raw data: `async_curves.json`; plot: `async_curves.png` (test accuracy, and the training reward "
                   "smoothed over 10 steps, against samples trained)."]
-    (RESULTS / "async_curves.md").write_text("\n".join(lines) + "\n")
+    stem = state.get("stem", "async_curves")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines).replace("async_curves.", f"{stem}.") + "\n")
     try:
         import matplotlib
 
@@ -103,7 +112,8 @@ def report(state: dict) -> None:
     except ImportError:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    colours = {"sync": "tab:blue", "colocate_async": "tab:green", "colocate_async, no IS": "tab:orange"}
+    colours = {"sync": "tab:blue", "colocate_async": "tab:green", "colocate_async, no IS": "tab:orange",
+               "sync bf16-autocast": "tab:purple", "colocate_async bf16-autocast": "tab:red"}
     per_step = state.get("samples_per_step", 1)
     for r in runs:
         steps = sorted(r["val"], key=int)
@@ -116,7 +126,7 @@ def report(state: dict) -> None:
     b.set(xlabel="samples trained", ylabel="reward/mean (10-step mean)", title="training reward")
     a.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "async_curves.png", dpi=110)
+    fig.savefig(RESULTS / f"{stem}.png", dpi=110)
 
 
 def main() -> None:
@@ -124,17 +134,18 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lock", default="")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=";".join(MODES), help="';'-separated modes (names have commas)")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in the results JSON")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--results", default="async_curves", help="name of the results files under bench/results/")
     args, extra = ap.parse_known_args()
-    path = RESULTS / "async_curves.json"
+    path = RESULTS / f"{args.results}.json"
     if args.report_only:
         report(json.loads(path.read_text()))
         return
     state = {"steps": args.steps, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
              "python": platform.python_version(), "command": "python bench/async_curves.py " + " ".join(sys.argv[1:]),
-             "runs": []}
+             "runs": [], "stem": args.results}
     if args.resume and path.is_file():
         old = json.loads(path.read_text())
         state["runs"], state["samples_per_step"] = old["runs"], old.get("samples_per_step", 1)
@@ -142,7 +153,7 @@ def main() -> None:
     done = {(r["mode"], r["seed"]) for r in state["runs"] if "val" in r}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
-            for mode in args.modes.split(","):  # alternated, so that machine drift hits all
+            for mode in args.modes.split(";"):  # alternated, so that machine drift hits all
                 if (mode, seed) in done:
                     continue
                 result = run(mode, seed, args.steps, args.lock, extra, Path(tmp) / f"{mode}-{seed}")

