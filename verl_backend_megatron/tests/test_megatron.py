@@ -73,7 +73,8 @@ def test_log_probs_and_updates_match_the_fsdp_backend(qwen2: str) -> None:
     norms and weights within 1e-4 of the FSDP backend's."""
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
 
-    settings = dict(lr=1e-3, micro_batch_size=4, log_prob_micro_batch_size=4, grad_clip=1.0, warmup_steps=2)
+    # eps=1e-5: a first Adam step is ~lr x sign(g), so with eps=1e-8 a gradient at rounding level moves by lr.
+    settings = dict(lr=1e-3, eps=1e-5, micro_batch_size=4, log_prob_micro_batch_size=4, grad_clip=1.0, warmup_steps=2)
     fsdp = FSDPBackend(FSDPConfig(**settings)).create_worker(role=Role.ACTOR, model=ModelSpec(path=qwen2),
                                                              world=WorldInfo(), seed=0)
     mcore = _megatron(qwen2, **settings)

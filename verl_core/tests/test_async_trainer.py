@@ -239,6 +239,9 @@ def test_drop_mode_resumes_without_losing_or_repeating_a_prompt(tmp_path: Path) 
     assert sorted(got) == [1, 2, 3, 4, 5]
     trained = [i for step in sorted(got) for i in got[step]]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    # The resumed run's count goes on from the checkpoint's: drops of the crashed run's first steps count too.
+    saved = json.loads((tmp_path / "crashed" / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
+    assert resumed_steps.metrics[-1]["async/dropped_samples"] >= saved["async"]["dropped_samples"]
     dropped = whole_steps.metrics[-1]["async/dropped_samples"] + resumed_steps.metrics[-1]["async/dropped_samples"]
     if dropped == 0:
         assert got == _prompts_by_step(tmp_path / "whole")
@@ -365,6 +368,11 @@ def test_kill_9_at_random_moments_loses_no_prompt_and_the_run_ends_as_the_uninte
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     whole = tmp_path / "whole"
     subprocess.run(_cli_run(whole, overrides), check=True, env=env, capture_output=True, timeout=600)
+    # The kills' random moments span about three of this machine's steps (each with its checkpoint), so a
+    # fast machine does not finish the run before the third kill and a slow one is still hit mid-step.
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    times = sorted(r["timing/step"] for r in rows if "timing/step" in r)
+    step_s = times[len(times) // 2]  # the median step
 
     crashed = tmp_path / "crashed"
     rng = random.Random(19)
@@ -381,7 +389,7 @@ def test_kill_9_at_random_moments_loses_no_prompt_and_the_run_ends_as_the_uninte
                 if metrics.is_file() and len(metrics.read_text().splitlines()) > start_lines:
                     break
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 1.5))
+            time.sleep(rng.uniform(0.0, 3.0) * step_s)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 kills += 1
@@ -443,7 +451,9 @@ def _alive(pid: int) -> bool:
 def test_the_process_producer_trains_exactly_as_the_thread_producer(tmp_path: Path) -> None:
     """Same seeds, one torch thread on each side: the child process generates the batches the thread would
     (from the weights it was sent through shared memory), so the runs end with the same weights, bit for bit."""
-    common = ["trainer.mode='colocate_async'", "trainer.max_staleness=1", "trainer.producer_threads=1"]
+    # run.threads=1: the thread producer's trainer gets producer_threads, the process producer's keeps run.threads;
+    # thread counts change float sums on some CPUs, so both trainers get one.
+    common = ["trainer.mode='colocate_async'", "trainer.max_staleness=1", "trainer.producer_threads=1", "run.threads=1"]
     runs = {}
     for producer in ("thread", "process"):
         t = trainer(tmp_path / producer, *common, f"trainer.producer='{producer}'", steps=4)

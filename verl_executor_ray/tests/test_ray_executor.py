@@ -64,8 +64,9 @@ def train_three_steps(executor, model_dir, batch, algorithm):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
 
     # micro_batch_size 4 divides both the 32-sample batch and each rank's 16: the same micro-batches
-    # (and so the same objective) in one process and in two.
-    backend = FSDPBackend(FSDPConfig(lr=1e-3, micro_batch_size=4, log_prob_micro_batch_size=4))
+    # (and so the same objective) in one process and in two. eps=1e-5: Adam's first steps are ~lr x sign(g),
+    # so a gradient at rounding level (different summation order on two ranks) would move a weight by lr.
+    backend = FSDPBackend(FSDPConfig(lr=1e-3, eps=1e-5, micro_batch_size=4, log_prob_micro_batch_size=4))
     group = executor.create_group(role=Role.ACTOR, factory=functools.partial(
         _create_worker, backend, Role.ACTOR, ModelSpec(path=model_dir), 0))
     batch = batch.replace(old_log_probs=group.compute_log_probs(batch).log_probs)

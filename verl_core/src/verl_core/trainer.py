@@ -162,6 +162,7 @@ class Trainer:
         self._drawn: list[int] = []  # the training prompts of the step (their indices)
         self._trained: ProducedBatch | None = None  # the producer's batch the last step trained on
         self._resumed_buffer: list[ProducedBatch] = []
+        self._resumed_drops = (0, 0)  # (samples, batches) the run had dropped as stale before its checkpoint
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -413,6 +414,8 @@ class Trainer:
                                    next_seq=resumed[-1].seq + 1 if resumed else self.step + 1,
                                    base_version=self.step, last_seq=self.max_steps, stamp=with_version)
         producer.restore(resumed)
+        # async/dropped_* count over the whole run, across resumes.
+        producer.dropped_samples, producer.dropped_batches = self._resumed_drops
         return producer
 
     def _start_producer(self) -> None:
@@ -447,7 +450,8 @@ class Trainer:
         items, in_flight = self.producer.pending(finish_older_than=self.step)
         return items, {"mode": self.config.trainer.mode, "in_flight": in_flight,
                        "buffered": [{"seq": i.seq, "version": i.version, "prompt_indices": i.prompt_indices}
-                                    for i in items], "dropped_samples": self.producer.dropped_samples}
+                                    for i in items], "dropped_samples": self.producer.dropped_samples,
+                                    "dropped_batches": self.producer.dropped_batches}
 
     def _start_reward_model(self, backend: Any, path: str) -> None:
         """Start the ``reward_model`` worker group on the training backend and hand it to the scorer."""
@@ -491,6 +495,8 @@ class Trainer:
             # The batches that waited in the buffer train as they were; the sampler goes on after them, so
             # the prompts that were in flight are drawn (and generated) again.
             self._resumed_buffer = load_buffer(ckpt / BUFFER_FILE)
+            self._resumed_drops = (int(state["async"].get("dropped_samples", 0)),
+                                   int(state["async"].get("dropped_batches", 0)))
             if self._resumed_buffer:
                 self.sampler.load_state_dict(self._resumed_buffer[-1].sampler_state)
         self.step = int(state["step"])
