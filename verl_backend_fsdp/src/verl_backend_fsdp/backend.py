@@ -47,6 +47,7 @@ from verl_core.interfaces import (
     WorldInfo,
 )
 from verl_core.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
+from verl_core.precision import autocast, check_autocast
 from verl_core.sharding import ensure_process_group
 
 __all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
@@ -163,8 +164,7 @@ class FSDPConfig(BackendConfig):
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(self, key) not in _DTYPES:
                 raise ValueError(f"{key}: must be one of {sorted(_DTYPES)}")
-        if self.autocast not in ("off", "bfloat16", "float16"):
-            raise ValueError(f"autocast: must be 'off', 'bfloat16' or 'float16', not {self.autocast!r}")
+        check_autocast(self.autocast)
         if self.autocast != "off" and self.param_dtype != "float32":
             raise ValueError(f"autocast={self.autocast!r} with param_dtype={self.param_dtype!r}: two ways to "
                              f"compute in lower precision; set param_dtype='float32' or autocast='off'")
@@ -338,7 +338,6 @@ class FSDPWorker(TrainingWorker):
         self.packed = _wants_packing(config.remove_padding, module)
         self.shared_prompt = self.scores_tokens and _wants_shared_prompt(config.shared_prompt, module, self.packed)
         self.compute_dtype = _DTYPES[config.compute_dtype(str(model_dtype).removeprefix("torch."))]
-        self.autocast_dtype = None if config.autocast == "off" else _DTYPES[config.autocast]
         self.module = module
         self.trainable = role in (Role.ACTOR, Role.CRITIC)
         self.module.train(False)
@@ -466,11 +465,8 @@ class FSDPWorker(TrainingWorker):
         return out_lp, out_ent
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        """``backend.autocast``: the forwards' lower-precision region (backward runs outside it, as
-        autocast wants: each op's backward in the dtype its forward ran in)."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        """``backend.autocast``: the forwards' lower-precision region."""
+        return autocast(self.device.type, self.config.autocast)
 
     def _values_forward(self, batch: Batch) -> torch.Tensor:
         input_ids = batch.input_ids.to(self.device)

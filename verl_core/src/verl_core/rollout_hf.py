@@ -17,6 +17,7 @@ import torch
 
 from verl_core.interfaces import (ModelSpec, PromptIds, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams,
                                   WorldInfo)
+from verl_core.precision import autocast, check_autocast
 
 __all__ = ["HFRollout", "HFRolloutConfig"]
 
@@ -43,8 +44,7 @@ class HFRolloutConfig(RolloutConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.autocast not in ("off", "bfloat16", "float16"):
-            raise ValueError(f"autocast: must be 'off', 'bfloat16' or 'float16', not {self.autocast!r}")
+        check_autocast(self.autocast)
 
     def compute_dtype(self, model_dtype: str) -> str:
         return model_dtype if self.autocast == "off" else self.autocast
@@ -128,10 +128,8 @@ class HFRollout(RolloutEngine):
         else:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                           top_k=sampling.top_k if sampling.top_k > 0 else 0)
-        autocast = (contextlib.nullcontext() if self.config.autocast == "off" else
-                    torch.autocast(ids.device.type, dtype=getattr(torch, self.config.autocast)))
         try:
-            with autocast:
+            with autocast(ids.device.type, self.config.autocast):
                 if (self.config.shared_prefill and kwargs["num_return_sequences"] > 1 and not vision
                         and ids.shape[1] > 1):
                     ids, mask, kwargs["past_key_values"] = _shared_prefill(module, ids, mask,
