@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-RL_ALGORITHMS = ["grpo", "ppo", "dapo", "drgrpo", "gspo", "cispo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+RL_ALGORITHMS = ["grpo", "ppo", "dapo", "drgrpo", "gspo", "cispo", "clip_cov", "kl_cov", "rloo", "reinforce_pp", "reinforce_pp_baseline",
                  "remax", "gpg", "opo", "spin"]
 OFFLINE_ALGORITHMS = ["dpo", "kto", "orpo"]
 RESULTS = Path(__file__).parent / "results"

@@ -40,9 +40,22 @@ def test_every_first_party_name_is_provided_here():
 class TestContribConformance(AlgorithmConformance):
     """All algorithms whose inputs the suite's synthetic batches already hold."""
 
-    @pytest.fixture(params=[name for name in CONTRIB if name not in ("remax", "dapo")])
+    @pytest.fixture(params=[name for name in CONTRIB if name not in ("remax", "dapo", "clip_cov", "kl_cov")])
     def algorithm(self, request):
         return load(request.param)
+
+
+class TestCovarianceConformance(AlgorithmConformance):
+    """Clip-Cov and KL-Cov act on a fraction of the loss tokens (2e-4 in the paper: one token of the
+    suite's small batch, whatever the fraction) and Clip-Cov on covariances in [1, 5], which the suite's
+    random log-probs and advantages rarely reach; here both act on a tenth of the tokens, and Clip-Cov
+    on covariances in (0, 1), so that every setting has tokens to change."""
+
+    @pytest.fixture(params=[("clip_cov", {"cov_fraction": 0.1, "cov_low": 0.0, "cov_high": 1.0}),
+                            ("kl_cov", {"cov_fraction": 0.1})], ids=["clip_cov", "kl_cov"])
+    def algorithm(self, request):
+        name, config = request.param
+        return load(name, **config)
 
 
 class TestDAPOConformance(AlgorithmConformance):

@@ -161,3 +161,67 @@ def test_sequence_rewards_include_kl_shaped_token_rewards():
     shaped = batch.replace(token_rewards=batch.token_rewards - 0.1 * batch.response_mask)
     lengths = batch.response_mask.sum(-1).float()
     assert CF.sequence_rewards(shaped).tolist() == pytest.approx((torch.tensor([1.0, 0.0]) - 0.1 * lengths).tolist())
+
+
+# ----------------------------------------------------------------------------- Clip-Cov and KL-Cov
+# One sequence of three loss tokens and a masked fourth (Cui et al., arXiv:2505.22617, section 4).
+COV_LP = [[-1.0, -2.0, -0.5, -3.0]]
+COV_OLD = [[-1.2, -1.5, -0.5, -3.0]]
+COV_ADV = [[1.0, -1.0, 2.0, 5.0]]
+COV_MASK = torch.tensor([[1, 1, 1, 0]])
+
+
+def _cov_by_hand():
+    """cov_t = (log pi_t - mean log pi)(A_t - mean A) over the three loss tokens."""
+    lp, adv = COV_LP[0][:3], COV_ADV[0][:3]
+    mlp, madv = sum(lp) / 3, sum(adv) / 3
+    return [(a - mlp) * (b - madv) for a, b in zip(lp, adv)]  # ~[0.056, 1.389, 0.889]
+
+
+def test_token_covariance_by_hand():
+    cov = CF.token_covariance(torch.tensor(COV_LP), torch.tensor(COV_ADV), COV_MASK)
+    assert cov[0, :3].tolist() == pytest.approx(_cov_by_hand())
+    assert cov[0, 3].item() == float("-inf")
+
+
+def test_kl_cov_penalises_the_top_covariance_token_by_hand():
+    lp = torch.tensor(COV_LP, requires_grad=True)
+    loss, stats = CF.kl_cov_loss(lp, torch.tensor(COV_OLD), torch.tensor(COV_ADV), COV_MASK, fraction=0.34,
+                                 kl_coef=1.0)
+    cov = _cov_by_hand()
+    top = max(range(3), key=cov.__getitem__)
+    assert top == 1
+    # Unclipped surrogate -A exp(lp - old) on every token, + beta |lp - old| on the top one.
+    terms = [-a * math.exp(p - o) for p, o, a in zip(COV_LP[0][:3], COV_OLD[0][:3], COV_ADV[0][:3])]
+    terms[top] += 1.0 * abs(COV_LP[0][top] - COV_OLD[0][top])
+    assert loss.item() == pytest.approx(sum(terms) / 3)
+    assert stats["cov_penalised_frac"].item() == pytest.approx(1 / 3)
+    loss.backward()
+    # d/dlp of -A e^(lp-old) + |lp - old| at the top token (lp < old: the |.| slope is -1).
+    assert lp.grad[0, top].item() == pytest.approx((1.0 * math.exp(-0.5) - 1.0) / 3)
+
+
+def test_clip_cov_stops_the_gradient_of_a_covariance_token_the_clip_left_alone():
+    lp = torch.tensor(COV_LP, requires_grad=True)
+    # Wide clip range: token 1's ratio exp(-0.5) = 0.61 is inside [0.5, 1.5], and only its covariance
+    # (1.39) lies in (1, 5).
+    loss, stats = CF.clip_cov_loss(lp, torch.tensor(COV_OLD), torch.tensor(COV_ADV), COV_MASK, clip_low=0.5,
+                                   clip_high=0.5, fraction=0.34, cov_low=1.0, cov_high=5.0)
+    kept = [-a * math.exp(p - o) for p, o, a in zip(COV_LP[0][:3], COV_OLD[0][:3], COV_ADV[0][:3])]
+    kept[1] = 0.0
+    assert loss.item() == pytest.approx(sum(kept) / 3)  # still divided by all three loss tokens
+    assert stats["cov_detached_frac"].item() == pytest.approx(1 / 3)
+    loss.backward()
+    assert lp.grad[0, 1].item() == 0.0 and lp.grad[0, 0].item() != 0.0
+
+
+def test_clip_cov_leaves_tokens_the_clip_already_cut():
+    # The default clip [0.8, 1.2] cuts token 1 (ratio 0.61 with A < 0): PPO gives it no gradient
+    # already, so Clip-Cov draws no token and the loss is PPO-clip's.
+    old, adv = torch.tensor(COV_OLD), torch.tensor(COV_ADV)
+    loss, stats = CF.clip_cov_loss(torch.tensor(COV_LP), old, adv, COV_MASK, clip_low=0.2, clip_high=0.2,
+                                   fraction=0.34, cov_low=1.0, cov_high=5.0)
+    ratios = [math.exp(p - o) for p, o in zip(COV_LP[0][:3], COV_OLD[0][:3])]
+    ppo = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for r, a in zip(ratios, COV_ADV[0][:3])]
+    assert loss.item() == pytest.approx(sum(ppo) / 3)
+    assert stats["cov_detached_frac"].item() == 0.0

@@ -49,6 +49,8 @@ CASES = {
     "reinforce_pp_baseline": ([], has("ppo/kl_loss")),
     "remax": ([], has("baseline/greedy_reward_mean")),
     "cispo": ([], has("ppo/is_weight_mean")),
+    "clip_cov": ([], has("ppo/cov_detached_frac")),
+    "kl_cov": ([], has("ppo/cov_penalised_frac")),
     "gpg": ([], gpg_step),
     "spin": ([], has("spin/pairs")),
     "dpo": (["PAIRS"], has("preference/accuracy")),

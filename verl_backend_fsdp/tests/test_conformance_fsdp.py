@@ -58,6 +58,22 @@ class TestFSDPBackendConformance(BackendConformance):
         return FSDPBackend(FSDPConfig(lr=1e-3, eps=1e-5, micro_batch_size=2, log_prob_micro_batch_size=2))
 
 
+    @pytest.fixture(params=["full", "lora"])
+    def micro_batching_backends(self, request: pytest.FixtureRequest) -> dict[str, FSDPBackend]:
+        # The suite's batch: 16 samples of 0 to 12 loss tokens. eps=1 makes Adam's first step ~linear in
+        # the gradient (the suite compares the weights it writes); lr=0.1 makes that step visible.
+        common = dict(lr=0.1, eps=1.0, lora_rank=4 if request.param == "lora" else 0)
+        layouts = {
+            "one micro-batch": dict(micro_batch_size=16),
+            "3 micro-batches": dict(micro_batch_size=6),
+            "8 micro-batches": dict(micro_batch_size=2),
+            "token budget 48": dict(micro_batch_max_tokens=48),
+            "packed, 3 micro-batches": dict(micro_batch_size=6, remove_padding="true"),
+            "no shared prompt, 8 micro-batches": dict(micro_batch_size=2, shared_prompt="false"),
+        }
+        return {name: FSDPBackend(FSDPConfig(**common, **layout)) for name, layout in layouts.items()}
+
+
 class TestHFRolloutOnFSDPActorConformance(RolloutConformance):
     """The Hugging Face rollout sharing an FSDP actor's module: the in-process weight-sync path."""
 

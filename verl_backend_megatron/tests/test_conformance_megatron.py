@@ -36,14 +36,27 @@ class TestMegatronBackendConformance(BackendConformance):
     def model_dir(self, _tiny_model: str) -> str:
         return _tiny_model
 
-    @pytest.fixture(params=["tp2", "dp2"])
+    @pytest.fixture(params=["tp2", "dp2", "pp2"])
     def multi_rank_backend(self, request: pytest.FixtureRequest) -> MegatronBackend:
         # TP=2: one data-parallel group whose two ranks each hold half of every layer (one output
-        # rank); DP=2: two replicas, each group its own output rank. eps=1e-5 as in the FSDP suite:
+        # rank); DP=2: two replicas, each group its own output rank; PP=2: two stages, the pipelined
+        # schedule's micro-batches (3 of 2 samples) weighted like any others. eps=1e-5 as in the FSDP suite:
         # Adam's first step would turn summation-order noise on ~0 gradients into lr-sized moves.
-        layout = {"tp2": dict(tensor_parallel_size=2), "dp2": {}}[request.param]
+        layout = {"tp2": dict(tensor_parallel_size=2), "dp2": {}, "pp2": dict(pipeline_parallel_size=2)}[request.param]
         return MegatronBackend(MegatronConfig(lr=1e-3, eps=1e-5, micro_batch_size=2, log_prob_micro_batch_size=2,
                                               **layout))
+
+
+    @pytest.fixture
+    def micro_batching_backends(self) -> dict[str, MegatronBackend]:
+        # eps=1: Adam's first step ~linear in the gradient, which the suite compares through the weights.
+        layouts = {
+            "one micro-batch": dict(micro_batch_size=16),
+            "3 micro-batches": dict(micro_batch_size=6),
+            "8 micro-batches": dict(micro_batch_size=2),
+            "token budget 48": dict(micro_batch_max_tokens=48),
+        }
+        return {name: MegatronBackend(MegatronConfig(lr=0.1, eps=1.0, **layout)) for name, layout in layouts.items()}
 
 
 class TestHFRolloutOnMegatronActorConformance(RolloutConformance):

@@ -141,6 +141,7 @@ def test_inert_when_excuses_a_field_another_one_switches_off():
     class NoPairs(PPOFamilyConfig):
         norm_adv_by_std: bool = True
         eps: float = 1e-6
+        group_std: str = "bessel"
 
     found = problems_of(GRPO(NoPairs()))
     assert "algorithm.eps stops changing anything" in found and "algorithm.norm_adv_by_std = False" in found

@@ -100,11 +100,55 @@ def test_loss_aggregation_modes(mode, expected):
 
 
 def test_kl_estimators_by_hand():
+    # Policy p = 1 on the sampled token, reference q = 0.5: r = log p - log q = log 2 (Schulman 2020).
     lp, ref = torch.tensor([0.0]), torch.tensor([math.log(0.5)])
     d = math.log(2)
-    assert F.kl_penalty(lp, ref, "k1").item() == pytest.approx(d)
-    assert F.kl_penalty(lp, ref, "k2").item() == pytest.approx(0.5 * d * d)
-    assert F.kl_penalty(lp, ref, "k3").item() == pytest.approx(0.5 + d - 1)
+    for names, expected in ((("k1", "kl"), d), (("abs",), d), (("k2", "mse"), 0.5 * d * d),
+                            (("k3", "low_var_kl"), 0.5 + d - 1)):  # q/p - log(q/p) - 1
+        for name in names:
+            assert F.kl_penalty(lp, ref, name).item() == pytest.approx(expected), name
+    # abs differs from k1 where the policy is less likely than the reference.
+    assert F.kl_penalty(ref, lp, "abs").item() == pytest.approx(d)
+    assert F.kl_penalty(ref, lp, "k1").item() == pytest.approx(-d)
+
+
+def test_k3_is_verls_clamped_estimator_and_finite_on_minus_inf():
+    """verl's k3 is low_var_kl: the log-ratio clamped to [-20, 20], the estimate to [-10, 10]."""
+    lp = torch.tensor([float("-inf"), 0.0, -50.0, 0.0, -1.0])
+    ref = torch.tensor([-1.0, float("-inf"), 0.0, -50.0, -1.5])
+    for name in ("k3", "low_var_kl", "k3+"):
+        out = F.kl_penalty(lp, ref, name)
+        assert torch.isfinite(out).all(), (name, out)
+        # q/p = exp(20) at most: exp(20) - 20 - 1 is past the clamp, so 10.
+        assert out[0].item() == 10.0 and out[2].item() == 10.0
+        # q/p = exp(-20) at least: exp(-20) + 20 - 1 = 19, clamped to 10 as well.
+        assert out[1].item() == 10.0 and out[3].item() == 10.0
+        assert out[4].item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+
+
+def test_straight_through_estimators_have_the_value_of_theirs_and_the_gradient_of_k2():
+    ref = torch.tensor([-1.0, -2.0, -0.3])
+    for name, base in (("k1+", "k1"), ("k3+", "k3")):
+        lp = torch.tensor([-0.5, -2.5, -0.1], requires_grad=True)
+        value = F.kl_penalty(lp, ref, name)
+        torch.testing.assert_close(value.detach(), F.kl_penalty(lp.detach(), ref, base))
+        value.sum().backward()
+        # d/dlp of (lp - ref)^2 / 2 is lp - ref.
+        torch.testing.assert_close(lp.grad, (lp - ref).detach())
+
+
+def test_unknown_kl_estimator_lists_the_names():
+    with pytest.raises(ValueError, match="low_var_kl"):
+        F.kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+    with pytest.raises(ValueError, match="kl_estimator"):
+        GRPOConfig(kl_estimator="k2+").validate()
+
+
+@pytest.mark.parametrize("mode,expected", [("token-mean", 3.0), ("seq-mean-token-sum", 2.0),
+                                           ("seq-mean-token-mean", 2.0), ("seq-mean-token-sum-norm", 2.0)])
+def test_loss_units_are_what_each_mode_divides_by(mode, expected):
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    assert F.agg_units(mask, mode) == expected
 
 
 def test_scores_land_on_last_valid_token():
@@ -135,3 +179,20 @@ def test_ppo_requires_critic_and_grpo_does_not():
     assert not GRPO(GRPOConfig()).requirements().critic
     assert GRPO(GRPOConfig(kl_coef=0.1)).requirements().reference
     assert not GRPO(GRPOConfig()).requirements().reference
+
+
+def test_group_std_conventions_by_hand():
+    # Group [1, 0, 0, 0]: mean 1/4; squared deviations sum to 9/16 + 3/16 = 3/4.
+    scores, groups, mask = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.zeros(4, dtype=torch.long), torch.ones(4, 1)
+    bessel = F.group_normalized_advantages(scores, groups, mask, eps=0.0)
+    population = F.group_normalized_advantages(scores, groups, mask, eps=0.0, unbiased_std=False)
+    assert bessel[0, 0].item() == pytest.approx(0.75 / math.sqrt(0.75 / 3))
+    assert population[0, 0].item() == pytest.approx(0.75 / math.sqrt(0.75 / 4))
+    cfg = GRPOConfig(group_std="population")
+    cfg.validate()
+    batch = Batch(prompt_ids=torch.ones(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.long),
+                  response_ids=torch.ones(4, 1, dtype=torch.long), response_attention_mask=torch.ones(4, 1),
+                  response_mask=torch.ones(4, 1), group_ids=groups, scores=scores)
+    torch.testing.assert_close(GRPO(cfg).compute_advantages(batch)[0], population, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="group_std"):
+        GRPOConfig(group_std="n-1").validate()

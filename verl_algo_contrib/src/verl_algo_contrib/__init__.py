@@ -14,6 +14,7 @@ name                       algorithm
 ``remax``                  :class:`~verl_algo_contrib.remax.ReMax`
 ``drgrpo``                 :class:`~verl_algo_contrib.drgrpo.DrGRPO`
 ``cispo``                  :class:`~verl_algo_contrib.cispo.CISPO`
+``clip_cov``, ``kl_cov``   :mod:`verl_algo_contrib.entropy_cov` (Clip-Cov, KL-Cov)
 ``gpg``                    :class:`~verl_algo_contrib.gpg.GPG`
 ``opo``                    :class:`~verl_algo_contrib.opo.OPO`
 ``spin``                   :class:`~verl_algo_contrib.spin.SPIN`

@@ -220,6 +220,94 @@ def clipped_is_weight_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
 
 
+def token_covariance(log_probs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each loss token's centred covariance term ``(log pi_t - mean log pi) (A_t - mean A)`` (means over
+    the loss tokens, no gradient), ``-inf`` elsewhere.
+
+    Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+    arXiv:2505.22617: the policy's entropy falls by the covariance between a token's log-probability
+    and its advantage, concentrated in a small fraction of tokens.
+    """
+    mask = response_mask > 0
+    lp, adv = log_probs.detach().float(), advantages.detach().float()
+    cov = (lp - masked_mean(lp, mask)) * (adv - masked_mean(adv, mask))
+    return torch.where(mask, cov, torch.full_like(cov, float("-inf")))
+
+
+def clip_cov_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                  response_mask: torch.Tensor, *, clip_low: float, clip_high: float, fraction: float,
+                  cov_low: float, cov_high: float, clip_c: float = 0.0, agg_mode: str = "token-mean",
+                  token_weights: torch.Tensor | None = None, norm_length: int | None = None,
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clip-Cov: PPO-clip, except that ``fraction`` of the loss tokens, drawn at random among those
+    whose :func:`token_covariance` lies in ``(cov_low, cov_high)`` and that PPO's clip left alone, add
+    nothing (their loss term and gradient are 0; they still count in the denominator).
+
+    Cui et al., arXiv:2505.22617, section 4 (the paper's ``r = 2e-4``, ``omega_low = 1``,
+    ``omega_high = 5``). At least one token is drawn when any qualifies. The draw is seeded by the
+    candidates' positions: the same batch draws the same tokens. ``clip_c`` > 1 adds PPO's dual clip for negative
+    advantages, as in :func:`~verl_core.algorithms.functional.ppo_clip_loss`.
+    """
+    mask = response_mask.to(log_probs.dtype)
+    log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = (loss2 > loss1) & (mask > 0)
+    cov = token_covariance(log_probs, advantages, response_mask)
+    candidates = torch.nonzero((cov > cov_low) & (cov < cov_high) & (mask > 0) & ~clipped)
+    count = min(len(candidates), max(int(fraction * float(mask.sum())), 1))
+    keep = torch.ones_like(mask)
+    if count:
+        # A draw seeded by where the candidates are: random over batches, the same for the same batch
+        # (a rerun, a resumed run, a measurement repeated), and torch's global generator is left alone.
+        seed = int((candidates[:, 0] * 1_000_003 + candidates[:, 1]).sum()) % (2**31)
+        order = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed))
+        chosen = candidates[order[:count]]
+        keep[chosen[:, 0], chosen[:, 1]] = 0.0
+    loss = torch.maximum(loss1, loss2)
+    if clip_c > 0:
+        loss = torch.where(advantages < 0, torch.minimum(-advantages * clip_c, loss), loss)
+    loss = loss * keep
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
+    stats = {
+        "clip_frac": masked_mean(clipped.float(), mask).detach(),
+        "cov_detached_frac": masked_mean(1.0 - keep, mask).detach(),
+        "approx_kl": masked_mean(-log_ratio, mask).detach(),
+    }
+    return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
+
+
+def kl_cov_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, *, fraction: float, kl_coef: float, agg_mode: str = "token-mean",
+                token_weights: torch.Tensor | None = None, norm_length: int | None = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL-Cov: the unclipped surrogate ``-A_t r_t`` on every loss token, plus ``kl_coef * |log r_t|``
+    on the ``fraction`` of loss tokens with the largest :func:`token_covariance` (at least one).
+
+    Cui et al., arXiv:2505.22617, section 4 (the paper's ``k = 2e-4`` for 7B models, ``2e-3`` for
+    32B, and ``beta = 1``): a KL penalty on exactly the tokens whose updates drive the entropy down.
+    """
+    mask = response_mask.to(log_probs.dtype)
+    log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
+    loss = -advantages * torch.exp(log_ratio)
+    cov = token_covariance(log_probs, advantages, response_mask).flatten()
+    valid = int(mask.sum())
+    penalised = torch.zeros_like(mask)
+    if valid:
+        top = torch.topk(cov, min(valid, max(int(fraction * valid), 1))).indices
+        penalised.view(-1)[top] = 1.0
+    loss = loss + kl_coef * log_ratio.abs() * penalised
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
+    stats = {
+        "cov_penalised_frac": masked_mean(penalised, mask).detach(),
+        "approx_kl": masked_mean(-log_ratio, mask).detach(),
+    }
+    return agg_loss(loss, mask, agg_mode, norm_length=norm_length), stats
+
+
 def vanilla_pg_loss(log_probs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
                     agg_mode: str = "token-mean", token_weights: torch.Tensor | None = None,
                     norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -45,6 +45,7 @@ from verl_core.interfaces import (
     TrainingBackend,
     TrainingWorker,
     WorldInfo,
+    micro_batch_weights,
 )
 from verl_core.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
 from verl_core.precision import autocast, check_autocast
@@ -391,6 +392,13 @@ class FSDPWorker(TrainingWorker):
             groups = _split_to(groups, lengths, target)
         return [batch.select(g) for g in groups]
 
+    def _sum_over_ranks(self, value: float) -> float:
+        if self.world.world_size > 1:
+            t = torch.tensor([value], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            value = float(t.item())
+        return value
+
     def _max_over_ranks(self, *values: int) -> Any:
         """The largest of each value over all ranks (one all-reduce); one value in, one out."""
         if self.world.world_size > 1:
@@ -549,7 +557,7 @@ class FSDPWorker(TrainingWorker):
             lp, ent = self._forward(micro, with_entropy=True)
             return loss_fn(batch=micro, log_probs=lp, entropy=ent)
 
-        return self._optimize(batch, micro_loss, mini_batch_size, epochs, prefix="actor")
+        return self._optimize(batch, micro_loss, loss_fn, mini_batch_size, epochs, prefix="actor")
 
     def update_values(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
         if self.role is not Role.CRITIC:
@@ -558,9 +566,9 @@ class FSDPWorker(TrainingWorker):
             micro = micro.trim_padding().to(self.device)
             return loss_fn(batch=micro, values=self._values_forward(micro))
 
-        return self._optimize(batch, micro_loss, mini_batch_size, epochs, prefix="critic")
+        return self._optimize(batch, micro_loss, loss_fn, mini_batch_size, epochs, prefix="critic")
 
-    def _optimize(self, batch: Batch, micro_loss: Any, mini_batch_size: int, epochs: int, *,
+    def _optimize(self, batch: Batch, micro_loss: Any, loss_fn: LossFn, mini_batch_size: int, epochs: int, *,
                   prefix: str) -> dict[str, float]:
         self._check_length(batch)
         self.module.train(True)
@@ -572,8 +580,12 @@ class FSDPWorker(TrainingWorker):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
                 micros = self._micro_batches(mb, self.config.micro_batch_size)
+                # Each micro-batch counts by its share of the loss's units (tokens for token-mean) over
+                # the mini-batch on all ranks: the gradient does not depend on how the batch was cut.
+                weights = micro_batch_weights(loss_fn, micros, dp_size=self.world.world_size,
+                                              sum_over_ranks=self._sum_over_ranks)
                 bad_loss: float | None = None
-                for index, micro in enumerate(micros):
+                for index, (micro, share) in enumerate(zip(micros, weights)):
                     self._accumulating(index < len(micros) - 1)
                     with self._oom_advice(micro, f"{prefix} update"):
                         loss, metrics = micro_loss(micro)
@@ -582,7 +594,6 @@ class FSDPWorker(TrainingWorker):
                         # one ends a one-rank FSDP accumulation (its unsharded gradients would outlive
                         # zero_grad otherwise). Then all ranks stop together, below.
                         bad_loss = float(loss.detach())
-                    share = len(micro) / len(mb)
                     with self._oom_advice(micro, f"{prefix} update"):
                         (loss * share).backward()
                     # Metrics weighted like the loss: they describe the mini-batch, whatever its micro-batches.

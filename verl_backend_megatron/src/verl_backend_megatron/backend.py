@@ -42,6 +42,7 @@ from verl_core.interfaces import (
     TrainingBackend,
     TrainingWorker,
     WorldInfo,
+    micro_batch_weights,
 )
 from verl_core.sharding import ensure_process_group
 from verl_backend_megatron import _convert
@@ -562,8 +563,6 @@ class MegatronWorker(TrainingWorker):
             parts = ([batch.select(g) for g in batch.token_groups(budget)] if budget
                      else list(batch.split(max(1, size))))
             micros = [_layout(p, self._padded(_width(p)), len(p)) for p in parts]
-        for m in micros:
-            m.share = len(m.batch) / len(batch)
         return micros
 
     def _padded(self, width: int) -> int:
@@ -698,7 +697,7 @@ class MegatronWorker(TrainingWorker):
             lp, ent = self._token_log_probs(micro, hidden, True)
             return loss_fn(batch=micro.batch.to(self.device), log_probs=lp, entropy=ent)
 
-        return self._optimize(batch, loss, mini_batch_size, epochs, prefix="actor")
+        return self._optimize(batch, loss, loss_fn, mini_batch_size, epochs, prefix="actor")
 
     def update_values(self, batch: Batch, *, loss_fn: LossFn, mini_batch_size: int, epochs: int) -> dict[str, float]:
         if self.role is not Role.CRITIC:
@@ -707,7 +706,7 @@ class MegatronWorker(TrainingWorker):
         def loss(micro: _Micro, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             return loss_fn(batch=micro.batch.to(self.device), values=self._values(micro, hidden))
 
-        return self._optimize(batch, loss, mini_batch_size, epochs, prefix="critic")
+        return self._optimize(batch, loss, loss_fn, mini_batch_size, epochs, prefix="critic")
 
     # ------------------------------------------------------------------ optimisation
     def _lr_factor(self, step: int) -> float:
@@ -737,14 +736,24 @@ class MegatronWorker(TrainingWorker):
                              f"data-parallel ranks; set it to a multiple, e.g. {dp * max(1, mini_batch_size // dp)}")
         return mini_batch_size // dp
 
+    def _sum_over_dp(self, value: float) -> float:
+        """``value`` added up over this rank's data-parallel peers (tensor/pipeline peers hold the same samples)."""
+        if self.world.dp_size == 1:
+            return value
+        from megatron.core import parallel_state
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
+        return float(t.item())
+
     def _any_rank(self, flag: bool) -> bool:
         t = torch.tensor([int(flag)], device=self.device)
         if dist.get_world_size() > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _optimize(self, batch: Batch, micro_loss: Callable[..., Any], mini_batch_size: int, epochs: int, *,
-                  prefix: str) -> dict[str, float]:
+    def _optimize(self, batch: Batch, micro_loss: Callable[..., Any], loss_fn: LossFn, mini_batch_size: int,
+                  epochs: int, *, prefix: str) -> dict[str, float]:
         self._check_length(batch)
         mini = self._rank_mini_batch(mini_batch_size, len(batch))
         lr = self._set_lr(self.training_steps)
@@ -756,7 +765,7 @@ class MegatronWorker(TrainingWorker):
             with self._shims():
                 for _ in range(epochs):
                     for mb in batch.split(mini):
-                        norms.append(self._step(mb, micro_loss, sums, prefix))
+                        norms.append(self._step(mb, micro_loss, loss_fn, sums, prefix))
                         count += 1
         finally:
             self.module.eval()
@@ -767,11 +776,18 @@ class MegatronWorker(TrainingWorker):
         out[f"memory/{prefix}_peak_gb"] = self.peak_memory_gb()
         return out
 
-    def _step(self, mb: Batch, micro_loss: Callable[..., Any], sums: dict[str, float], prefix: str) -> float:
+    def _step(self, mb: Batch, micro_loss: Callable[..., Any], loss_fn: LossFn, sums: dict[str, float],
+              prefix: str) -> float:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         micros = self._micro_batches(mb, self.config.micro_batch_size)
         count = len(micros)
+        # Each micro-batch counts by its share of the loss's units (tokens for token-mean) over the
+        # mini-batch on all data-parallel ranks: the gradient does not depend on how the batch was cut.
+        for micro, weight in zip(micros, micro_batch_weights(loss_fn, [m.batch for m in micros],
+                                                            dp_size=self.world.dp_size,
+                                                            sum_over_ranks=self._sum_over_dp)):
+            micro.share = weight
         bad: list[float] = []
 
         def on_output(micro: _Micro, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -780,7 +796,7 @@ class MegatronWorker(TrainingWorker):
                 bad.append(float(loss.detach()))
             for k, v in metrics.items():  # weighted like the loss: they describe the mini-batch
                 sums[k] = sums.get(k, 0.0) + float(v) * micro.share
-            # The schedule divides by the number of micro-batches; each counts by its share of samples.
+            # The schedule divides by the number of micro-batches; each counts by its share of the units.
             return loss * (micro.share * count), {}
 
         self._schedule(micros, forward_only=False, on_output=on_output)

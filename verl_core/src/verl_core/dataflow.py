@@ -32,7 +32,7 @@ import torch
 
 from verl_core.batch import Batch
 
-from verl_core.interfaces import Algorithm, RolloutRequest
+from verl_core.interfaces import Algorithm, AlgorithmLoss, RolloutRequest
 
 __all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "old_log_probs_reusable",
            "DetachedOldLogProbs"]
@@ -329,7 +329,7 @@ class DataflowBuilder:
         """Fit the critic to the returns."""
         def fn(ctx: StepContext) -> None:
             cfg = algorithm.config
-            ctx.metrics.update(ctx.critic.update_values(ctx.batch, loss_fn=algorithm.value_loss,
+            ctx.metrics.update(ctx.critic.update_values(ctx.batch, loss_fn=AlgorithmLoss(algorithm, critic=True),
                                                         mini_batch_size=cfg.mini_batch_size, epochs=cfg.epochs))
 
         return self.node("update_critic", fn, reads=("returns", "values"), role="critic")
@@ -339,9 +339,9 @@ class DataflowBuilder:
         """Optimise the policy with the algorithm's loss (``reads``: the fields that loss uses)."""
         def fn(ctx: StepContext) -> None:
             cfg = algorithm.config
-            loss_fn = algorithm.policy_loss
-            if "old_log_probs" in reads and ctx.batch.old_log_probs is None:
-                loss_fn = DetachedOldLogProbs(loss_fn)  # the old-log-prob node left them to the update
+            # Without old log-probs the old-log-prob node left them to the update.
+            loss_fn = AlgorithmLoss(algorithm, detach_old_log_probs=(
+                "old_log_probs" in reads and ctx.batch.old_log_probs is None))
             ctx.metrics.update(ctx.actor.update_policy(ctx.batch, loss_fn=loss_fn,
                                                        mini_batch_size=cfg.mini_batch_size, epochs=cfg.epochs))
 
@@ -371,16 +371,6 @@ def old_log_probs_reusable(ctx: StepContext) -> bool:
         return False
     mini = getattr(cfg, "mini_batch_size", 0)
     return getattr(cfg, "epochs", 1) == 1 and (not mini or mini >= len(ctx.batch))
-
-
-class DetachedOldLogProbs:
-    """A policy loss whose micro-batches get ``old_log_probs = log_probs.detach()`` (a class, so it pickles)."""
-
-    def __init__(self, loss_fn: Callable[..., Any]) -> None:
-        self.loss_fn = loss_fn
-
-    def __call__(self, *, batch: Batch, log_probs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        return self.loss_fn(batch=batch.replace(old_log_probs=log_probs.detach()), log_probs=log_probs, **kwargs)
 
 
 def _old_log_probs(ctx: StepContext) -> dict[str, torch.Tensor | None]:

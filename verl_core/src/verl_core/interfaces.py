@@ -30,6 +30,8 @@ __all__ = [
     "LogProbs",
     "LoRAAdapter",
     "LossFn",
+    "AlgorithmLoss",
+    "micro_batch_weights",
     "TrainingWorker",
     "TrainingBackend",
     "BackendConfig",
@@ -133,12 +135,58 @@ class LogProbs:
 
 
 class LossFn(Protocol):
-    """A loss over one micro-batch: returns a scalar tensor and float metrics."""
+    """A loss over one micro-batch: returns a scalar tensor and float metrics.
+
+    The value is a mean over some units of the micro-batch (its loss tokens, its sequences); a loss
+    with a ``units(batch) -> float`` method says how many, so that backends can weight micro-batches
+    into the loss of the whole mini-batch (:func:`micro_batch_weights`). One without it is taken as a
+    mean over samples.
+    """
 
     def __call__(
         self, *, batch: Batch, log_probs: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
         values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def micro_batch_weights(loss_fn: LossFn, micro_batches: Sequence[Batch], *, dp_size: int = 1,
+                        sum_over_ranks: Callable[[float], float] | None = None) -> list[float]:
+    """The factor each micro-batch's loss (and its metrics) is multiplied by before its backward.
+
+    A mini-batch cut into micro-batches, on each of ``dp_size`` data-parallel ranks whose gradients
+    are averaged, must give the gradient of the loss over the whole mini-batch, however it was cut.
+    Each micro-batch's loss is a mean over its ``loss_fn.units``, so it counts by its units over the
+    units of the mini-batch on all ranks (``sum_over_ranks`` adds this rank's total to its peers'),
+    times ``dp_size`` to undo the average over ranks. A token-mean loss is thus divided by the
+    mini-batch's global token count, as verl does, not by each micro-batch's.
+    """
+    units_of = getattr(loss_fn, "units", None)
+    units = [float(units_of(m)) if units_of is not None else float(len(m)) for m in micro_batches]
+    total = sum(units) if sum_over_ranks is None else float(sum_over_ranks(sum(units)))
+    return [u * dp_size / total if total > 0 else 0.0 for u in units]
+
+
+class AlgorithmLoss:
+    """An algorithm's policy or value loss as a backend evaluates it, micro-batch by micro-batch, with
+    the algorithm's :meth:`Algorithm.loss_units` as its ``units`` (a class, so it pickles).
+
+    ``detach_old_log_probs``: each micro-batch gets ``old_log_probs = log_probs.detach()`` (the
+    old-log-prob forward was left to the update).
+    """
+
+    def __init__(self, algorithm: "Algorithm", *, critic: bool = False, detach_old_log_probs: bool = False) -> None:
+        self.algorithm = algorithm
+        self.critic = critic
+        self.detach_old_log_probs = detach_old_log_probs
+
+    def __call__(self, *, batch: Batch, log_probs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if self.detach_old_log_probs:
+            batch = batch.replace(old_log_probs=log_probs.detach())
+        loss = self.algorithm.value_loss if self.critic else self.algorithm.policy_loss
+        return loss(batch=batch, log_probs=log_probs, **kwargs)
+
+    def units(self, batch: Batch) -> float:
+        return float(self.algorithm.loss_units(batch))
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -597,10 +645,14 @@ class AlgorithmConfig:
       batch is built from data, which the suite's fixed batch skips; say where it is tested);
     * ``inert_when``: ``(field, other)`` -> why ``field`` stops mattering once ``other`` moves (an
       epsilon of a division that ``other`` turns off).
+
+    ``value_aliases`` maps a field to the other names its values accept (``{"kl_estimator": {"k3":
+    "low_var_kl"}}``): an alias means what its target means, so the suite does not expect a change.
     """
 
     inert_fields: ClassVar[dict[str, str]] = {}
     inert_when: ClassVar[dict[tuple[str, str], str]] = {}
+    value_aliases: ClassVar[dict[str, dict[str, str]]] = {}
 
     epochs: int = 1
     mini_batch_size: int = 0
@@ -693,6 +745,16 @@ class Algorithm(abc.ABC):
                    entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The critic's loss (only algorithms with a critic are asked for it)."""
         raise NotImplementedError(f"{type(self).__name__} has no critic")
+
+    def loss_units(self, batch: Batch) -> float:
+        """How many units :meth:`policy_loss` and :meth:`value_loss` on ``batch`` are a mean over.
+
+        Backends weight each micro-batch's loss by its units over the whole mini-batch's (on every
+        data-parallel rank), so the gradient does not depend on how the batch is cut. A token-mean
+        loss returns ``batch.response_mask.sum()``; the default, one unit per sample, fits a mean
+        over samples (or over pairs of two samples each).
+        """
+        return float(len(batch))
 
 
 # ----------------------------------------------------------------------------- rewards

@@ -11,7 +11,7 @@ so an algorithm of this family is its config, its ``compute_advantages`` and, wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 import torch
 
@@ -35,7 +35,9 @@ class PPOFamilyConfig(AlgorithmConfig):
         clip_ratio_c: dual-clip bound for negative advantages: their loss is at most
             ``-clip_ratio_c * A`` (Ye et al., arXiv:1912.09729); 0 disables, otherwise > 1.
         kl_coef: weight of the KL to the reference policy (0 = no reference model needed).
-        kl_estimator: ``"k1"``, ``"k2"``, ``"k3"`` or ``"low_var_kl"``.
+        kl_estimator: verl's names and meanings: ``"k1"``/``"kl"``, ``"abs"``, ``"k2"``/``"mse"``,
+            ``"k3"``/``"low_var_kl"`` (clamped, as verl's), and the straight-through ``"k1+"``,
+            ``"k3+"`` (:func:`~verl_core.algorithms.functional.kl_penalty` has the table).
         kl_in_reward: subtract the KL from token rewards (PPO style) instead of adding a loss term.
         entropy_coef: entropy bonus weight.
         loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or
@@ -47,6 +49,8 @@ class PPOFamilyConfig(AlgorithmConfig):
             (Yao et al., 2025, "Your efficient RL framework secretly brings you off-policy RL
             training"); 0 disables. Needs recomputed old log-probs (``use_rollout_log_probs = false``).
     """
+
+    value_aliases: ClassVar[dict[str, dict[str, str]]] = {"kl_estimator": F.KL_ALIASES}
 
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -71,6 +75,10 @@ class PPOFamilyConfig(AlgorithmConfig):
             raise ValueError("clip_ratio_c: must be > 1 (dual-clip PPO, 3.0 in the paper) or 0 (off)")
         if self.kl_coef < 0:
             raise ValueError("kl_coef: must be >= 0 (0 = no KL term and no reference model)")
+        if self.kl_in_reward and self.kl_estimator.endswith("+"):
+            raise ValueError(f"kl_estimator: {self.kl_estimator!r} differs from {self.kl_estimator[:-1]!r} only in the "
+                             f"gradient of a KL loss, and kl_in_reward puts the KL in the rewards (no gradient); use "
+                             f"{self.kl_estimator[:-1]!r} there, or kl_in_reward = false")
         if self.rollout_is_cap < 0:
             raise ValueError("rollout_is_cap: must be >= 0 (0 disables the correction)")
         if self.rollout_is_cap > 0 and self.use_rollout_log_probs:
@@ -123,6 +131,10 @@ class PolicyGradient(Algorithm):
         if needs.critic:
             df.update_critic(self)
         df.update_actor(self)
+
+    def loss_units(self, batch: Batch) -> float:
+        """Loss tokens for ``token-mean``, sequences for the ``seq-mean-*`` modes (policy and value loss)."""
+        return F.agg_units(batch.response_mask, self.config.loss_agg_mode)
 
     def policy_loss(self, *, batch: Batch, log_probs: torch.Tensor | None = None,
                     entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,

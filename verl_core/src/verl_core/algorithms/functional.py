@@ -15,11 +15,13 @@ from verl_core.batch import Batch
 
 __all__ = [
     "KL_ESTIMATORS",
+    "KL_ALIASES",
     "LOSS_AGG_MODES",
     "masked_mean",
     "masked_sum",
     "masked_whiten",
     "agg_loss",
+    "agg_units",
     "kl_penalty",
     "scores_to_token_rewards",
     "sequence_rewards",
@@ -33,9 +35,11 @@ __all__ = [
     "clipped_value_loss",
 ]
 
-KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+KLEstimator = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "k3+"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_ESTIMATORS = frozenset(get_args(KLEstimator))
+#: verl's second names of the KL estimators.
+KL_ALIASES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl"}
 LOSS_AGG_MODES = frozenset(get_args(LossAggMode))
 
 
@@ -85,23 +89,58 @@ def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_length: 
     return (per_seq * seq_valid).sum() / n_seq
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate from sampled-token log-probs.
+def agg_units(mask: torch.Tensor, mode: str) -> float:
+    """How many units :func:`agg_loss` with ``mode`` averages ``mask``'s batch over: its loss tokens for
+    ``token-mean``, its sequences with at least one loss token for the ``seq-mean-*`` modes.
 
-    ``k1`` is ``log p - log q``; ``k2`` is ``0.5 (log p - log q)^2``; ``k3``/``low_var_kl`` is
-    ``exp(log q - log p) - (log q - log p) - 1`` (Schulman, "Approximating KL divergence", 2020),
-    non-negative and unbiased; ``low_var_kl`` additionally clamps to [-10, 10] as verl does.
+    A backend that cuts a mini-batch into micro-batches (by size, by token budget, over data-parallel
+    ranks) weights each micro-batch's loss by its units over the mini-batch's, so that the sum is the
+    loss of the whole mini-batch, not a mean of micro-batch means.
+    """
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode in LOSS_AGG_MODES:
+        return float((mask.sum(-1) > 0).sum())
+    raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; use one of {sorted(LOSS_AGG_MODES)}")
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate from sampled-token log-probs, by verl's names.
+
+    With ``r = log p - log q`` (policy minus reference; Schulman, "Approximating KL divergence", 2020):
+
+    ============================  ==========================================  ===========================
+    name                          value                                       note
+    ============================  ==========================================  ===========================
+    ``k1`` / ``kl``               ``r``                                       unbiased, can be negative
+    ``abs``                       ``|r|``                                     biased upward
+    ``k2`` / ``mse``              ``r^2 / 2``                                 its gradient is the KL's
+    ``k3`` / ``low_var_kl``       ``exp(-r) + r - 1``, ``r`` clamped to       unbiased, never negative;
+                                  [-20, 20] first, the result to [-10, 10]    finite at a -inf log-prob
+    ``k1+`` / ``k3+``             the value of ``k1`` / ``k3``, the gradient  straight-through: an
+                                  of ``k2``                                   unbiased KL gradient
+    ============================  ==========================================  ===========================
+
+    ``k3`` means what it means in verl (the clamped ``low_var_kl``), so a config moved from verl
+    trains the same loss.
     """
     diff = log_probs - ref_log_probs
-    if estimator == "k1":
-        return diff
-    if estimator == "k2":
-        return 0.5 * diff.square()
-    if estimator in ("k3", "low_var_kl"):
-        neg = -diff
-        kl = torch.exp(neg) - neg - 1
-        return kl.clamp(-10, 10) if estimator == "low_var_kl" else kl
-    raise ValueError(f"kl_estimator: unknown {estimator!r}; use one of {sorted(KL_ESTIMATORS)}")
+    name = estimator[:-1] if estimator.endswith("+") and estimator in KL_ESTIMATORS else estimator
+    if name in ("k1", "kl"):
+        value = diff
+    elif name == "abs":
+        value = diff.abs()
+    elif name in ("k2", "mse"):
+        value = 0.5 * diff.square()
+    elif name in ("k3", "low_var_kl"):
+        neg = (-diff).clamp(-20.0, 20.0)
+        value = (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
+    else:
+        raise ValueError(f"kl_estimator: unknown {estimator!r}; use one of {sorted(KL_ESTIMATORS)}")
+    if name == estimator:
+        return value
+    grad = 0.5 * diff.clamp(-20.0, 20.0).square()  # clamped like k3: finite at a -inf log-prob
+    return grad - grad.detach() + value.detach()
 
 
 def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -132,10 +171,13 @@ def sequence_rewards(batch: Batch) -> torch.Tensor:
 
 
 def group_normalized_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
-                                norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+                                norm_by_std: bool = True, eps: float = 1e-6, unbiased_std: bool = True,
+                                ) -> torch.Tensor:
     """GRPO outcome advantage: ``(r - mean_group) / (std_group + eps)`` broadcast over tokens.
 
-    Shao et al., "DeepSeekMath" (arXiv:2402.03300). A group of one sample gets advantage 0.
+    Shao et al., "DeepSeekMath" (arXiv:2402.03300). The standard deviation is Bessel-corrected
+    (``n - 1``, as verl and TRL compute it) unless ``unbiased_std=False`` (the population's, ``n``).
+    A group of one sample gets advantage 0: it has no baseline (verl gives it its raw score).
     ``norm_by_std=False`` gives the Dr. GRPO variant (arXiv:2503.20783).
     """
     scores = scores.float()
@@ -146,7 +188,7 @@ def group_normalized_advantages(scores: torch.Tensor, group_ids: torch.Tensor, r
         if group.numel() < 2:
             continue
         centred = group - group.mean()
-        std = group.std(unbiased=True)
+        std = group.std(unbiased=unbiased_std)
         # Equal rewards carry no signal: advantage 0 (also when eps is 0).
         adv[members] = centred / (std + eps) if norm_by_std and std > 0 else (centred if not norm_by_std else 0.0)
     return adv.unsqueeze(-1) * response_mask.to(adv.dtype)
@@ -258,11 +300,13 @@ def policy_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, e
                       norm_length=norm)
         term = term + config.kl_coef * kl
         metrics["ppo/kl_loss"] = float(kl.detach())
-    if config.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, mask, config.loss_agg_mode, norm_length=norm)
-        term = term - config.entropy_coef * ent
     if entropy is not None:
-        metrics["ppo/entropy"] = float(masked_mean(entropy.detach(), mask))
+        # Logged in the loss's own aggregation (as verl does), so that it, too, is a mean over the
+        # mini-batch however the backend cuts it.
+        ent = agg_loss(entropy, mask, config.loss_agg_mode, norm_length=norm)
+        if config.entropy_coef != 0:
+            term = term - config.entropy_coef * ent
+        metrics["ppo/entropy"] = float(ent.detach())
     return term, metrics
 
 

@@ -125,6 +125,17 @@ class BackendConformance:
         return None
 
     @pytest.fixture
+    def micro_batching_backends(self) -> dict[str, TrainingBackend] | None:
+        """The backend under test configured to cut one mini-batch in different ways (one micro-batch,
+        several, by token budget, packed, ...), keyed by a name, for
+        :meth:`test_gradient_does_not_depend_on_micro_batching`; the first is the reference. ``None``
+        (the default) skips that case. Give them an Adam ``eps`` well above the gradients (1.0): the
+        first step is then close to linear in the gradient, so the weights it writes compare
+        gradients, where at a small ``eps`` they would compare only their signs.
+        """
+        return None
+
+    @pytest.fixture
     def make_worker(self, backend: TrainingBackend, model_dir: str) -> Iterator[WorkerFactory]:
         """Builds workers of ``model_dir`` on one rank and closes them after the test."""
         workers: list[TrainingWorker] = []
@@ -257,6 +268,54 @@ class BackendConformance:
         metrics = worker.update_policy(batch, loss_fn=simple_policy_loss, mini_batch_size=0, epochs=1)
         self.check_metrics(metrics, "actor/grad_norm")
 
+    @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                               "seq-mean-token-sum-norm"])
+    def test_gradient_does_not_depend_on_micro_batching(self, micro_batching_backends: dict[str, TrainingBackend]
+                                                        | None, model_dir: str, hf_model: torch.nn.Module,
+                                                        loss_agg_mode: str) -> None:
+        """One update of a GRPO loss (PPO-clip, KL and entropy terms) on a batch whose samples have
+        different numbers of loss tokens gives the same gradient (grad norm, and the weights an
+        ``eps``-dominated Adam step writes), loss and entropy however the backend cuts the batch into
+        micro-batches: each aggregation mode is a mean over the whole mini-batch, not over each
+        micro-batch."""
+        if not micro_batching_backends:
+            pytest.skip(f"{type(self).__name__} provides no `micro_batching_backends` fixture")
+        from verl_core.algorithms.grpo import GRPO, GRPOConfig
+        from verl_core.interfaces import AlgorithmLoss
+
+        batch = make_batch(batch_size=16, prompt_length=self.prompt_length, response_length=12,
+                           vocab_size=hf_model.config.vocab_size, group_size=4, pad_id=hf_model.config.pad_token_id or 0,
+                           advantages=True, ref_log_probs=True, empty_rows=(5,), seed=3)
+        batch.info["max_new_tokens"] = 12
+        lengths = batch.response_mask.sum(-1)
+        assert len(set(lengths.tolist())) > 3, "the batch must hold samples with different numbers of loss tokens"
+        # Old log-probs near the policy's own, so the PPO ratio sits inside and outside the clip range.
+        current = self.reference_log_probs(hf_model, batch)[0]
+        batch.old_log_probs = current + 0.3 * (torch.rand(current.shape, generator=torch.Generator().manual_seed(1)) - 0.5)
+        loss_fn = AlgorithmLoss(GRPO(GRPOConfig(loss_agg_mode=loss_agg_mode, kl_coef=0.05, entropy_coef=0.01)))
+
+        outcome: dict[str, tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
+        for name, backend in micro_batching_backends.items():
+            worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                           world=WorldInfo(threads=1), seed=0)
+            try:
+                before = self.weights(worker)
+                metrics = worker.update_policy(batch, loss_fn=loss_fn, mini_batch_size=0, epochs=1)
+                moved = {k: v - before[k] for k, v in self.weights(worker).items()}
+            finally:
+                worker.close()
+            outcome[name] = (metrics, moved)
+        (first, (expected, reference)), *others = outcome.items()
+        scale = max(t.abs().max().item() for t in reference.values())
+        assert scale > 0, "the update moved no weight"
+        for name, (metrics, moved) in others:
+            for key in ("actor/grad_norm", "ppo/pg_loss", "ppo/kl_loss", "ppo/entropy", "ppo/actor_loss"):
+                assert math.isclose(metrics[key], expected[key], rel_tol=1e-4, abs_tol=1e-6), (
+                    f"{loss_agg_mode}: {key} is {metrics[key]:.7g} with {name} and {expected[key]:.7g} with {first}")
+            gap = max((moved[k] - reference[k]).abs().max().item() for k in reference)
+            assert gap <= 1e-3 * scale, (
+                f"{loss_agg_mode}: the update with {name} differs from {first} by {gap:.3g} (updates of {scale:.3g})")
+
     # ------------------------------------------------------------------ other roles
     def test_reference_role_is_frozen(self, make_worker: WorkerFactory, batch: Batch) -> None:
         """The reference role has no optimizer, refuses updates and scores like the initial actor."""
@@ -305,17 +364,22 @@ class BackendConformance:
             pytest.skip(f"{type(self).__name__} provides no `multi_rank_backend` fixture")
         size = self.multi_rank_world_size
         single = type(multi_rank_backend)(multi_rank_backend.config.for_single_process())
-        worker = single.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1),
-                                      seed=0)
-        try:
-            one_lp = worker.compute_log_probs(batch, with_entropy=True)
-            one_metrics = worker.update_policy(batch, loss_fn=sample_mean_policy_loss, mini_batch_size=0, epochs=1)
-            one_weights = self.weights(worker)
-        finally:
-            worker.close()
+        losses = _aggregation_losses()
+        batch.info["max_new_tokens"] = batch.response_length
+        one: dict[str, tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
+        for mode, loss_fn in losses.items():
+            worker = single.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                          world=WorldInfo(threads=1), seed=0)
+            try:
+                if not one:
+                    one_lp = worker.compute_log_probs(batch, with_entropy=True)
+                one[mode] = (worker.update_policy(batch, loss_fn=loss_fn, mini_batch_size=0, epochs=1),
+                             self.weights(worker))
+            finally:
+                worker.close()
 
-        ranks = run_ranks(_multi_rank_scenario, size, multi_rank_backend, model_dir, batch, out_dir=str(tmp_path),
-                          deadline_s=self.multi_rank_deadline_s)
+        ranks = run_ranks(_multi_rank_scenario, size, multi_rank_backend, model_dir, batch, losses,
+                          out_dir=str(tmp_path), deadline_s=self.multi_rank_deadline_s)
         places = [r["place"] for r in ranks]
         for rank, place in enumerate(places):
             assert isinstance(place, WorldInfo), f"rank {rank}: `world` is a {type(place).__name__}, not a WorldInfo"
@@ -341,16 +405,28 @@ class BackendConformance:
         torch.testing.assert_close(got.entropy.float()[real], one_lp.entropy.float()[real], rtol=0,
                                    atol=self.logprob_atol)
 
-        metrics = gather_split(mesh.read([r["metrics"] for r in ranks]), real=shards[0], padded=shards[1])
-        self.check_metrics(metrics, "actor/grad_norm")
-        for key, atol in (("test/loss", self.logprob_atol), ("actor/grad_norm", self.multi_rank_weight_atol)):
-            assert abs(metrics[key] - one_metrics[key]) <= atol, (
-                f"{key}: {metrics[key]} at {size} ranks, {one_metrics[key]} at one")
+        # Every aggregation mode is a mean over the whole batch, not a mean of the ranks' means: the data-
+        # parallel shards hold different numbers of loss tokens and sequences.
+        for mode in losses:
+            metrics = gather_split(mesh.read([r["updates"][mode][0] for r in ranks]), real=shards[0],
+                                   padded=shards[1])
+            self.check_metrics(metrics, "actor/grad_norm")
+            one_metrics, one_weights = one[mode]
+            for key, atol in (("ppo/pg_loss", self.logprob_atol), ("ppo/entropy", self.logprob_atol),
+                              ("actor/grad_norm", self.multi_rank_weight_atol)):
+                assert abs(metrics[key] - one_metrics[key]) <= atol, (
+                    f"{mode}: {key} is {metrics[key]} at {size} ranks, {one_metrics[key]} at one")
+            weights = ranks[mesh.readers[0]]["updates"][mode][1]
+            assert weights.keys() == one_weights.keys()
+            gaps = {k: (weights[k].float() - one_weights[k].float()).abs().max().item() for k in weights}
+            worst = max(gaps, key=gaps.get)
+            assert gaps[worst] <= self.multi_rank_weight_atol, (
+                f"{mode}: after one update {worst} differs from the one-rank update by {gaps[worst]:.3g}")
 
         expected = dict(hf_model.named_parameters())
-        first = ranks[mesh.readers[0]]["weights"]
+        first = ranks[mesh.readers[0]]["updates"]["token-mean"][1]
         for reader in mesh.readers:
-            weights = ranks[reader]["weights"]
+            weights = ranks[reader]["updates"]["token-mean"][1]
             missing = sorted(set(expected) - set(weights))
             assert not missing, f"rank {reader}: iter_weights does not yield {missing[:5]}"
             for name, param in expected.items():
@@ -358,11 +434,6 @@ class BackendConformance:
                     f"rank {reader}: {name} is {tuple(weights[name].shape)}, not the full {tuple(param.shape)}")
             differ = sorted(k for k in weights if not torch.equal(weights[k], first[k]))
             assert not differ, f"output ranks {mesh.readers[0]} and {reader} yield different {differ[:5]}"
-        assert first.keys() == one_weights.keys()
-        gaps = {k: (first[k].float() - one_weights[k].float()).abs().max().item() for k in first}
-        worst = max(gaps, key=gaps.get)
-        assert gaps[worst] <= self.multi_rank_weight_atol, (
-            f"after one update {worst} differs from the one-rank update by {gaps[worst]:.3g}")
         assert any(not torch.equal(first[k], expected[k].detach()) for k in expected), "the update changed nothing"
 
 
@@ -406,14 +477,26 @@ def run_ranks(scenario: Callable[..., dict[str, Any]], world_size: int, *args: A
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
 
 
+def _aggregation_losses() -> dict[str, Any]:
+    """GRPO's loss in each aggregation mode, token-mean first (as the dataflow hands it to a backend)."""
+    from verl_core.algorithms.grpo import GRPO, GRPOConfig
+    from verl_core.interfaces import AlgorithmLoss
+
+    modes = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    return {mode: AlgorithmLoss(GRPO(GRPOConfig(loss_agg_mode=mode))) for mode in modes}
+
+
 def _multi_rank_scenario(rank: int, world_size: int, backend: TrainingBackend, model_dir: str,
-                         batch: Batch) -> dict[str, Any]:
+                         batch: Batch, losses: dict[str, Any]) -> dict[str, Any]:
     """One rank of :meth:`BackendConformance.test_multi_rank_matches_one_rank`: what an executor does
     with a worker group, on this rank."""
     import torch.distributed as dist
 
-    worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
-                                   world=WorldInfo(rank=rank, world_size=world_size, threads=1), seed=0)
+    def make_worker() -> TrainingWorker:
+        return backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
+                                     world=WorldInfo(rank=rank, world_size=world_size, threads=1), seed=0)
+
+    worker = make_worker()
     try:
         # Like the executors: the worker's own `world` when it keeps one, else pure data parallel.
         place = getattr(worker, "world", None)
@@ -423,15 +506,16 @@ def _multi_rank_scenario(rank: int, world_size: int, backend: TrainingBackend, m
         dist.all_gather_object(places, place)
         mesh = Mesh.of(places)
         shards = split_call((batch,), {}, mesh.dp_size, method="compute_log_probs")
-        if shards.padded != shards.real:
-            raise ValueError(f"batch_size={len(batch)} is not a multiple of the {mesh.dp_size} data-parallel groups: "
-                             f"padded rows would change sample_mean_policy_loss; pick a multiple")
         (shard,), _ = mesh.per_rank(shards)[rank]
-        out: dict[str, Any] = {"place": place, "shards": (shards.real, shards.padded, shards.order)}
+        out: dict[str, Any] = {"place": place, "shards": (shards.real, shards.padded, shards.order), "updates": {}}
         out["log_probs"] = worker.compute_log_probs(shard, with_entropy=True)
-        out["metrics"] = worker.update_policy(shard, loss_fn=sample_mean_policy_loss, mini_batch_size=0, epochs=1)
-        weights = {name: t.detach().cpu().clone() for name, t in worker.iter_weights()}  # collective: every rank
-        out["weights"] = weights if place.is_output_rank else None
+        for index, (mode, loss_fn) in enumerate(losses.items()):
+            if index:
+                worker.close()
+                worker = make_worker()
+            metrics = worker.update_policy(shard, loss_fn=loss_fn, mini_batch_size=0, epochs=1)
+            weights = {name: t.detach().cpu().clone() for name, t in worker.iter_weights()}  # collective: every rank
+            out["updates"][mode] = (metrics, weights if place.is_output_rank else None)
         dist.barrier()  # no rank leaves while a peer is still inside a collective
     finally:
         worker.close()

@@ -429,7 +429,12 @@ def _fields(config: AlgorithmConfig) -> list[_Field]:
     out = []
     for f in dataclasses.fields(config):
         if f.init:
-            out.append(_Field(f.name, hints.get(f.name), off_default_values(hints.get(f.name), getattr(config, f.name))))
+            current = getattr(config, f.name)
+            candidates = off_default_values(hints.get(f.name), current)
+            aliases = getattr(type(config), "value_aliases", {}).get(f.name, {})
+            if candidates is not None and aliases:  # another name for a value is not another value
+                candidates = [v for v in candidates if v not in aliases and v != aliases.get(current, current)]
+            out.append(_Field(f.name, hints.get(f.name), candidates))
     return out
 
 
