@@ -85,7 +85,8 @@ def run(
     output_dir: Optional[str] = typer.Option(None, help="Run directory."),
     max_steps: Optional[int] = typer.Option(None, help="RL steps in total."),
     save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps."),
-    resume: Optional[str] = typer.Option(None, help="auto | never | PATH."),
+    resume: Optional[str] = typer.Option(None, help="auto | never (start over) | force (resume whatever "
+                                         "differs) | PATH."),
     seed: Optional[int] = typer.Option(None, help="Random seed."),
     executor: Optional[str] = typer.Option(None, help="Executor plugin: local (default, one process) or ray."),
     nnodes: Optional[int] = typer.Option(None, help="Nodes per worker group (multi-process executors)."),

@@ -35,6 +35,8 @@ else:  # pragma: no cover
 __all__ = [
     "Config",
     "ConfigError",
+    "Range",
+    "NAMED_RANGES",
     "RunConfig",
     "ModelConfig",
     "DataConfig",
@@ -71,7 +73,9 @@ class RunConfig:
             ``epochs * (training prompts // data.batch_size)`` steps in total.
         save_every: checkpoint every N steps (0: only at the end).
         keep_checkpoints: how many complete checkpoints to keep (0 keeps all).
-        resume: ``"auto"`` (latest complete checkpoint in output_dir), ``"never"``, or a path.
+        resume: ``"auto"`` (latest complete checkpoint in output_dir, refused when the directory holds a run
+            trained with other settings: ``verl_core.rundir``), ``"never"`` (start over; the earlier run's files
+            are moved to ``superseded-<time>/``), ``"force"`` (as ``"auto"``, whatever differs), or a checkpoint path.
         seed: seed for data order, sampling and initialisation.
         val_every: validate every N steps (0: only before and after training).
         val_before_train: validate before the first step.
@@ -140,7 +144,7 @@ class RunConfig:
         if self.save_every < 0 or self.val_every < 0:
             raise ConfigError("save_every", "save_every and val_every must be >= 0")
         if self.resume not in ("auto", "never") and not self.resume:
-            raise ConfigError("resume", "use 'auto', 'never' or a checkpoint path")
+            raise ConfigError("resume", "use 'auto', 'never', 'force' or a checkpoint path")
 
 
 @dataclass
@@ -617,6 +621,59 @@ def _max_positions(path: str) -> Any:
         return None
 
 
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric config field, declared with the field and checked when the config is built
+    (before anything loads), in any section, the core's or a plugin's::
+
+        clip: float = field(default=0.2, metadata={"range": Range(gt=0, le=1)})
+
+    Fields without one follow :data:`NAMED_RANGES` by name (a learning rate is positive wherever it is).
+    """
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    hint: str = ""
+
+    def problem(self, value: float) -> str | None:
+        """``"must be > 0, got -1.0 (...)"`` when ``value`` is outside the range, else None."""
+        bounds = [(op, b) for op, b in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le))
+                  if b is not None]
+        tests = {">": value.__gt__, ">=": value.__ge__, "<": value.__lt__, "<=": value.__le__}
+        if all(tests[op](b) is True for op, b in bounds):
+            return None
+        rule = " and ".join(f"{op} {b:g}" for op, b in bounds)
+        return f"must be {rule}, got {value!r}" + (f" ({self.hint})" if self.hint else "")
+
+
+#: Ranges by field name (a ``*`` matches any prefix), for fields that declare none: ``backend.lr=-1`` fails
+#: here, naming the key, instead of inside torch after the model has loaded.
+NAMED_RANGES: dict[str, Range] = {
+    "lr": Range(gt=0, hint="a learning rate, e.g. 1e-6 for a real model"),
+    "*_lr": Range(gt=0, hint="a learning rate, e.g. 1e-5"),
+}
+
+
+def _range_of(f: dataclasses.Field) -> Range | None:
+    declared = f.metadata.get("range") if f.metadata else None
+    if isinstance(declared, Range):
+        return declared
+    return NAMED_RANGES.get(f.name) or next((r for pattern, r in NAMED_RANGES.items()
+                                             if pattern.startswith("*") and f.name.endswith(pattern[1:])), None)
+
+
+def _check_ranges(obj: Any, fields: Mapping[str, dataclasses.Field], path: str) -> None:
+    for name, f in fields.items():
+        value, rng = getattr(obj, name, None), _range_of(f)
+        if rng is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        problem = rng.problem(value)
+        if problem:
+            raise ConfigError(f"{path}.{name}", problem)
+
+
 def build_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:
     """Instantiate dataclass ``cls`` from ``values`` with type checks; then call ``validate()``."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -632,6 +689,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:
                                                f"valid keys: {', '.join(sorted(fields))}")
         kwargs[key] = _coerce(value, hints[key], f"{path}.{key}")
     obj = cls(**kwargs)
+    _check_ranges(obj, fields, path)
     validate = getattr(obj, "validate", None)
     if validate is not None:
         try:

@@ -42,6 +42,7 @@ from verl_core.progress import Progress
 from verl_core.interfaces import ModelSpec, RewardScorer, Role, WorkerFailedError
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal, check_weight_sync, guard_limit, sync_rollout_weights
+from verl_core.rundir import RunLock, open_run_dir
 from verl_core.samples import batch_samples, flat_group_fraction, sample_records, spread
 from verl_core.signals import Preempted, StopSignals
 
@@ -150,6 +151,7 @@ class Trainer:
         self._critic_obj = critic_model
         self.tokenizer = tokenizer
         self.run_dir = Path(config.run.output_dir)
+        self.run_lock: RunLock | None = None  # held from setup to the end of train() (verl_core.rundir)
         self.step = 0
         self._ready = False
         #: Worker-group restarts after a dead worker (``run.max_restarts``) and checkpoints that failed to write.
@@ -231,8 +233,7 @@ class Trainer:
             except (OSError, ValueError) as exc:
                 raise ConfigError("model.tokenizer" if cfg.model.tokenizer else "model.path",
                                   f"cannot load a tokenizer from {tok_path!r}: {exc}") from exc
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
+        self.run_lock = open_run_dir(cfg, self.registry)  # one run per directory, a resume only of what it holds
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token_id is None:
                 raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
@@ -281,7 +282,7 @@ class Trainer:
         self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
         self._backend.check(model=self.model_spec, world_size=cfg.executor.config.world_size)  # before any model loads
-        self._start_workers(cfg.run.resume)
+        self._start_workers("auto" if cfg.run.resume == "force" else cfg.run.resume)
         self._ready = True
 
     def _start_workers(self, resume: str) -> None:
@@ -515,10 +516,15 @@ class Trainer:
         process that dies restarts the worker groups from the last checkpoint, up to ``run.max_restarts``
         times (:meth:`_restart_workers`).
         """
-        with StopSignals(self.config.run.save_on_signal) as stop:
-            self.setup()
-            stop.install()  # again: ray.init, during set-up, installs a SIGTERM handler of its own
-            return self._train(stop)
+        try:
+            with StopSignals(self.config.run.save_on_signal) as stop:
+                self.setup()
+                self.run_lock.acquire()  # again, when an earlier train() of this trainer released it
+                stop.install()  # again: ray.init, during set-up, installs a SIGTERM handler of its own
+                return self._train(stop)
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
 
     def _train(self, stop: StopSignals) -> dict[str, float]:
         cfg = self.config.run
