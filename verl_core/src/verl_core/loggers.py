@@ -103,15 +103,34 @@ class ConsoleLogger:
         self._print(f"verl: run {status} at step {step}" + (f": {error}" if error else ""))
 
 
+def _step_of(line: str) -> float:
+    """The ``step`` of a JSON line; a line cut short by a kill (not JSON) counts as past every step."""
+    try:
+        row = json.loads(line)
+        return float(row.get("step", 0)) if isinstance(row, dict) else math.inf
+    except (ValueError, TypeError):
+        return math.inf
+
+
 def _drop_after(path: Path, step: int) -> None:
     """Remove the JSON lines of ``path`` whose ``step`` is past ``step`` (atomically)."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+            if _step_of(line) <= step]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept), encoding="utf-8")
     tmp.replace(path)
+
+
+def _cut_back(run_dir: Path, step: int) -> None:
+    """Drop what the run directory's files hold of the steps after ``step`` (all of it for ``step < 0``)."""
+    _drop_after(run_dir / "metrics.jsonl", step)
+    _drop_after(run_dir / "samples" / "train.jsonl", step)
+    _drop_after(run_dir / "health.jsonl", step)
+    for stale in (run_dir / "samples").glob("val_step_*.jsonl"):
+        if int(stale.stem.rpartition("_")[2]) > step:
+            stale.unlink()
 
 
 def _append(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -145,6 +164,9 @@ class JsonlLogger:
     @hookimpl
     def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int) -> None:
         self._run_dir = Path(run_dir)
+        # What a killed run wrote after its checkpoint runs again now (from step 0: everything), so that each
+        # step appears once. Step ``start_step``'s own rows stay: they belong to the checkpoint resumed from.
+        _cut_back(self._run_dir, start_step if start_step > 0 else -1)
         self._file = open(self._run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self._status = {}
         self._write_status(status="running", pid=os.getpid(), host=socket.gethostname(), start_step=start_step,
@@ -178,13 +200,8 @@ class JsonlLogger:
         # The steps after ``step`` run again: drop their rows, so that each step appears once, as uninterrupted.
         path = Path(self._file.name)
         self._file.close()
-        _drop_after(path, step)
+        _cut_back(self._run_dir, step)
         self._file = open(path, "a", encoding="utf-8")
-        _drop_after(self._run_dir / "samples" / "train.jsonl", step)
-        _drop_after(self._run_dir / "health.jsonl", step)
-        for stale in (self._run_dir / "samples").glob("val_step_*.jsonl"):
-            if int(stale.stem.rpartition("_")[2]) > step:
-                stale.unlink()
 
     @hookimpl
     def verl_run_end(self, step: int, status: str, error: BaseException | None) -> None:
