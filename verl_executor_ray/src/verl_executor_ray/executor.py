@@ -248,6 +248,25 @@ class RayRollout(RolloutEngine):
                                     method="close")
 
 
+def _no_cluster(address: str, why: str) -> str:
+    return (f"no Ray cluster answers at {address!r} ({why.rstrip('.')}). Start one first with `ray start --head` "
+            f"(and `ray start --address=<head>:6379` on each other machine), or drop executor.address to start "
+            f"a Ray instance for this run alone")
+
+
+def _check_reachable(address: str) -> None:
+    """A ``host:port`` nobody listens on fails in seconds here; ``ray.init`` would wait on it for minutes."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError("executor.address", _no_cluster(address, f"{host}:{port}: {exc.strerror or exc}")) from None
+
+
 class RayExecutor(Executor):
     """Places worker groups on Ray actors, one process per slot of a resource pool.
 
@@ -300,7 +319,11 @@ class RayExecutor(Executor):
         if ray.is_initialized():
             pass  # a Ray session the caller opened (tests, notebooks): use it, leave it running
         elif cfg.address:
-            ray.init(address=cfg.address, logging_level=logging.WARNING, log_to_driver=cfg.log_to_driver)
+            _check_reachable(cfg.address)
+            try:
+                ray.init(address=cfg.address, logging_level=logging.WARNING, log_to_driver=cfg.log_to_driver)
+            except ConnectionError as exc:
+                raise ConfigError("executor.address", _no_cluster(cfg.address, str(exc))) from None
         else:
             # address="local": a new instance even when RAY_ADDRESS or an earlier `ray start` points elsewhere.
             ray.init(address="local", num_cpus=cfg.num_cpus or os.cpu_count() or 1,
