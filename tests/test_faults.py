@@ -160,6 +160,42 @@ def plugin_that_fails_to_import(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
     return verl_run(tmp, "algorithm.name='faults_broken'")
 
 
+# ----- the output directory (issue 31)
+def output_dir_is_a_file(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
+    (tmp / OUT).write_text("notes\n")
+    return verl_run(tmp)
+
+
+def _mounted(tmp: Path, options: str) -> Path:
+    disk = tmp / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    return disk
+
+
+def output_dir_not_writable(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
+    disk = _mounted(tmp, "ro,size=1m")  # read-only even for root, which file modes do not stop
+    try:
+        return cli("run", *FAST, "run.max_steps=2", f"run.output_dir='{disk / OUT}'")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def output_dir_on_a_full_disk(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
+    disk = _mounted(tmp, "size=2m")
+    try:
+        with open(disk / "filler", "wb") as f:
+            try:
+                f.write(b"\0" * (4 << 20))
+            except OSError:
+                pass
+        return cli("run", *FAST, "run.max_steps=2", f"run.output_dir='{disk / OUT}'")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def reward_file(tmp: Path, body: str) -> str:
     (tmp / "rewards.py").write_text(body)
     return f"reward.name='file:{tmp / 'rewards.py'}:score'"
@@ -368,8 +404,8 @@ def fell_back_to_step_1(tmp: Path, outcome: Outcome) -> None:
     assert "actor/dcp/__0_0.distcp" in outcome.output
     state = json.loads((ckpts(tmp) / "step_000003" / "trainer_state.json").read_text())
     assert state["step"] == 3
-    # The resumed run trained steps 2 and 3 again, from step 1's checkpoint; step 2's rows are now twice.
-    assert train_steps(tmp) == [1, 2, 2, 3]
+    # The resumed run trained steps 2 and 3 again, from step 1's checkpoint; step 2's first rows were cut.
+    assert train_steps(tmp) == [1, 2, 3]
 
 
 def left_as_it_was(tmp: Path, outcome: Outcome) -> None:
@@ -637,6 +673,19 @@ CASES = [
     Case("missing_data_path", run_with(flags=("--data", "/nonexistent/train.jsonl")), 2,
          "data.train: data file '/nonexistent/train.jsonl' does not exist", "nothing", nothing_written),
     Case("broken_toml", broken_toml, 2, "is not valid TOML", "nothing", nothing_written),
+    Case("negative_lr", run_with("backend.lr=-1"), 2, "backend.lr: must be > 0, got -1.0", "nothing",
+         nothing_written),
+    Case("zero_critic_lr", run_with("backend.critic_lr=0", flags=("--algo", "ppo")), 2,
+         "backend.critic_lr: must be > 0, got 0.0", "nothing", nothing_written),
+    Case("output_dir_is_a_file", output_dir_is_a_file, 2, "is a file; give --output-dir a directory",
+         "the file as it was", lambda tmp, o: (tmp / OUT).read_text() == "notes\n" or pytest.fail("file changed")),
+    Case("output_dir_not_writable", output_dir_not_writable, 2, "is not writable by this user", "nothing"),
+    Case("output_dir_on_a_full_disk", output_dir_on_a_full_disk, 2, "MiB free and the disk is full", "nothing",
+         lambda tmp, o: not (tmp / "disk" / OUT).exists() or pytest.fail("a run directory was created")),
+    Case("ray_address_without_cluster", run_with("executor.address='127.0.0.1:1'", flags=("--executor", "ray")), 2,
+         "no Ray cluster answers at '127.0.0.1:1'", "no checkpoint",
+         lambda tmp, o: ("ray start --head" in o.output and "drop executor.address" in o.output
+                         and not (ckpts(tmp)).exists()) or pytest.fail(o.output[-2000:])),
     Case("missing_config_file", run_with(flags=("-c", "/nonexistent/run.toml")), 2,
          "config file '/nonexistent/run.toml' does not exist", "nothing", nothing_written),
     # --- rewards and divergence

@@ -398,6 +398,9 @@ def test_kill_9_at_random_moments_loses_no_prompt_and_the_run_ends_as_the_uninte
             break
     assert kills == 3, "the run ended before it could be killed three times; give it more steps"
     assert proc.returncode == 0
+    # Each resume cut metrics.jsonl back to its checkpoint: every step once, as in the uninterrupted run (#31).
+    rows = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "ppo/actor_loss" in r] == list(range(1, steps + 1))
     assert _prompts_by_step(crashed) == _prompts_by_step(whole)
     assert sorted(_prompts_by_step(crashed)) == list(range(1, steps + 1))
     expected, got = _final_weights(whole), _final_weights(crashed)
