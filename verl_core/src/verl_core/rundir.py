@@ -333,9 +333,13 @@ def record_config(run_dir: Path, config: Config, registry: Any) -> None:
                        "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts))
     if not (run_dir / CONFIG_FILE).is_file():  # a new directory resumed from another run's checkpoint
         _write_atomic(run_dir / CONFIG_FILE, text)
-    latest = CheckpointManager(run_dir).latest() if resume in ("auto", "force") else None
+    try:  # the checkpoint this segment starts from (a corrupt one set aside on resume is not known yet)
+        start = (CheckpointManager(run_dir).latest() if resume in ("auto", "force")
+                 else CheckpointManager.resolve(resume))
+    except CheckpointError:
+        start = None  # the resume itself names the problem
     entry = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "resume": resume,
-             "checkpoint": str(latest.name) if latest is not None else None,
+             "checkpoint": start.name if start is not None else None,
              "changed": {**safe, **{k: [a, b] for k, a, b in conflicts}}, "forced": [k for k, _, _ in conflicts]}
     with open(run_dir / RESUME_LOG, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry, default=str) + "\n")
