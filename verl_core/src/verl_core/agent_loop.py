@@ -43,6 +43,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.engine_kit import stop_token_ids
+from verl_core.boundary import Boundary, check_messages, check_step_result
 from verl_core.interfaces import PromptIds, SamplingParams, StepResult
 from verl_core.rollout_utils import left_pad, right_pad
 
@@ -129,16 +130,23 @@ def _assistant_closing(tokenizer: Any, tools: Any) -> str:
 
 def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sampling: SamplingParams,
                  make_env: Callable[[], "Environment"], settings: "EnvironmentConfig", *, pad_id: int,
-                 metrics: dict[str, float] | None = None) -> Batch:
-    """Run ``sampling.n`` trajectories per prompt row to the end; the batch of their responses."""
+                 metrics: dict[str, float] | None = None, boundary: Boundary | None = None, step: int = 0) -> Batch:
+    """Run ``sampling.n`` trajectories per prompt row to the end; the batch of their responses.
+
+    What the environment and the engine return is checked as it arrives (``boundary``, with the
+    plugins' names; a malformed value stops the step: :class:`~verl_core.boundary.PluginOutputError`).
+    """
+    boundary = boundary or Boundary()
     tokenizer = engine.tokenizer
     stop_ids = set(stop_token_ids(tokenizer, sampling.stop_token_ids))
     budget = settings.max_response_tokens or sampling.max_new_tokens * settings.max_turns
     pool = ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="verl-env")
     try:
-        trajectories = list(pool.map(lambda row: _start(row, make_env, tokenizer),
-                                     [row for row in prompts for _ in range(sampling.n)]))
+        rows = [row for row in prompts for _ in range(sampling.n)]
+        trajectories = list(pool.map(lambda i: _start(rows[i], make_env, tokenizer, boundary, f"at step {step}, row {i}"),
+                                     range(len(rows))))
         closing = _assistant_closing(tokenizer, trajectories[0].tools) if trajectories else ""
+        row_of = {id(t): i for i, t in enumerate(trajectories)}
         for turn in range(settings.max_turns):
             active = [t for t in trajectories if not t.done]
             if not active:
@@ -148,7 +156,8 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
             turn_sampling = dataclasses.replace(
                 sampling, n=1, max_new_tokens=max(1, min(sampling.max_new_tokens, max(room))),
                 seed=None if sampling.seed is None else sampling.seed + 104729 * turn)
-            out = engine.generate([t.prompt_ids + t.response for t in active], sampling=turn_sampling)
+            out = boundary.engine_output(engine.generate([t.prompt_ids + t.response for t in active],
+                                                         sampling=turn_sampling), expected=len(active), step=step)
             for k, t in enumerate(active):
                 ids = list(out.response_ids[k])[:max(1, room[k])]
                 lps = list(out.log_probs[k])[:len(ids)] if out.log_probs is not None else [0.0] * len(ids)
@@ -163,6 +172,8 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
             stepping = [t for t in active if not t.done]
             results = list(pool.map(lambda t: _step(t, tokenizer, stop_ids), stepping))
             for t, result in zip(stepping, results):
+                check_step_result(result, source=boundary.environment,
+                                  where=f"from step() at step {step}, row {row_of[id(t)]}, turn {turn + 1}")
                 if result.reward:
                     t.rewards[_last_model_token(t.mask)] += float(result.reward)
                 t.tool_errors += int(bool(result.info.get("tool_error")))
@@ -185,11 +196,12 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
     return _to_batch(trajectories, sampling.n, pad_id)
 
 
-def _start(row: dict[str, Any], make_env: Callable[[], Any], tokenizer: Any) -> _Trajectory:
+def _start(row: dict[str, Any], make_env: Callable[[], Any], tokenizer: Any, boundary: Boundary,
+           where: str) -> _Trajectory:
     env = make_env()
     extra = {**(row.get("extra_info") or {}), "ground_truth": row.get("ground_truth")}
-    messages = list(_call(env.reset, prompt=list(row.get("prompt_messages") or row.get("prompt") or []),
-                          extra_info=extra))
+    messages = list(check_messages(_call(env.reset, prompt=list(row.get("prompt_messages") or row.get("prompt") or []),
+                                         extra_info=extra), source=boundary.environment, where=f"from reset() {where}"))
     tools = env.tools()
     given = row.get("prompt_ids")
     if getattr(given, "multi_modal_data", None):

@@ -100,6 +100,7 @@ def run(
     def go() -> None:
         import signal
 
+        from verl_core.boundary import PluginOutputError
         from verl_core.checkpoint import CheckpointWriteError
         from verl_core.engine_kit import ServerError
         from verl_core.interfaces import WorkerFailedError
@@ -126,7 +127,7 @@ def run(
                         f"set run.on_checkpoint_error=\"continue\" to go on without checkpoints that fail",
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(RUN_FAILED_EXIT) from None
-        except (WorkerFailedError, WeightSyncError, ServerError) as exc:
+        except (WorkerFailedError, WeightSyncError, ServerError, PluginOutputError) as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(RUN_FAILED_EXIT) from None
         if "val/reward_mean" in metrics:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from verl_core.batch import Batch
+from verl_core.boundary import Boundary, check_advantages
 
 from verl_core.interfaces import Algorithm, AlgorithmLoss, RolloutRequest
 
@@ -92,6 +93,8 @@ class StepContext:
         staleness: how many weight versions the batch lags the policy it trains (0: on-policy).
         reuse_update_log_probs: the run allows skipping the old-log-prob forward where it provably
             equals the update's own log-probs detached (see :func:`old_log_probs_reusable`).
+        boundary: the checks on what the engine, the scorer and the environment hand the rollout
+            stage, with their names for the messages (:class:`~verl_core.boundary.Boundary`).
     """
 
     step: int
@@ -117,6 +120,7 @@ class StepContext:
     produced: Batch | None = None
     staleness: int = 0
     reuse_update_log_probs: bool = False
+    boundary: Boundary = field(default_factory=Boundary)
 
 
 class Dataflow:
@@ -321,6 +325,7 @@ class DataflowBuilder:
         """Advantages and returns from the algorithm's estimator (``reads``: the fields it uses)."""
         def fn(ctx: StepContext) -> dict[str, torch.Tensor]:
             advantages, returns = algorithm.compute_advantages(ctx.batch)
+            check_advantages(advantages, ctx.batch.response_mask, source=ctx.boundary.algorithm, step=ctx.step)
             return {"advantages": advantages, "returns": returns}
 
         return self.node("advantages", fn, reads=tuple(reads), writes=("advantages", "returns"))

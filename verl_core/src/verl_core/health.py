@@ -46,7 +46,12 @@ class HealthMonitor:
                                            f"rollout.temperature, or check the reward)")
         if metrics.get("response_length/clip_frac", 0.0) >= 1.0:
             failing["all_truncated"] = ("every response hit the length limit (response_length/clip_frac = 1): raise "
-                                        "data.max_response_length, or reward stopping (the answers are cut off)")
+                                        "rollout.max_new_tokens (with an environment, environment.max_response_tokens), "
+                                        "or reward stopping (the answers are cut off)")
+        invalid = metrics.get("reward/invalid_rows")
+        if invalid:
+            failing["invalid_rewards"] = (f"{invalid:g} rows had a NaN or infinite reward and were dropped "
+                                          f"(reward.on_invalid = \"skip\"): a reward or environment plugin is broken")
         for key in ("ppo/kl_divergence", "actor/ref_kl"):
             value = metrics.get(key)
             if self.max_kl and value is not None and value > self.max_kl:
@@ -62,7 +67,8 @@ class HealthMonitor:
         measured = {"flat_rewards": flat is not None,
                     "all_truncated": "response_length/clip_frac" in metrics,
                     "kl": any(k in metrics for k in ("ppo/kl_divergence", "actor/ref_kl")),
-                    "weight_sync_gap": gap is not None, "no_validation": "data/val_prompts" in metrics}
+                    "weight_sync_gap": gap is not None, "no_validation": "data/val_prompts" in metrics,
+                    "invalid_rewards": invalid is not None}
         for check, seen in measured.items():
             if seen and check not in failing:
                 self._failing.discard(check)

@@ -48,6 +48,7 @@ __all__ = [
     "RewardInput",
     "RewardError",
     "RewardScorer",
+    "ScorerConfig",
     "Environment",
     "EnvironmentConfig",
     "ModelProvider",
@@ -797,6 +798,25 @@ class RewardFunction(Protocol):
 
 class RewardError(RuntimeError):
     """A reward failed on a sample and the run cannot go on (the CLI reports it as a user error)."""
+
+
+@dataclass
+class ScorerConfig:
+    """Settings of ``[reward]`` that the core reads, whichever scorer fills the section (its ``Config``
+    subclasses this).
+
+    Attributes:
+        on_invalid: a NaN or infinite reward (from the scorer or an environment): ``"stop"`` ends the
+            run before the step trains, naming the plugin and row, and keeps the last checkpoint;
+            ``"skip"`` drops those rows, counts them in ``reward/invalid_rows`` and goes on (the health
+            checks warn).
+    """
+
+    on_invalid: str = "stop"
+
+    def validate(self) -> None:
+        if self.on_invalid not in ("stop", "skip"):
+            raise ValueError(f"on_invalid: must be 'stop' or 'skip', not {self.on_invalid!r}")
 
 
 class RewardScorer(abc.ABC):

@@ -31,6 +31,7 @@ import torch
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
 from verl_core.algorithms.functional import scores_to_token_rewards
 from verl_core.batch import Batch
+from verl_core.boundary import check_scores, finite_rows
 from verl_core.interfaces import PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 
@@ -89,20 +90,35 @@ def _generate(ctx: "StepContext", prompts, sampling) -> Batch:
     start = time.perf_counter()
     if ctx.make_environment is not None:
         batch = run_episodes(ctx.rollout, prompts, sampling, ctx.make_environment, ctx.environment_config,
-                             pad_id=ctx.rollout.tokenizer.pad_token_id, metrics=ctx.metrics)
+                             pad_id=ctx.rollout.tokenizer.pad_token_id, metrics=ctx.metrics, boundary=ctx.boundary,
+                             step=ctx.step)
     else:
-        batch = generate_batch(ctx.rollout, prompts, sampling)
+        batch = generate_batch(ctx.rollout, prompts, sampling, boundary=ctx.boundary, step=ctx.step)
     _timed_add(ctx, "timing/generate", start)
     return batch
 
 
-def _score(ctx: "StepContext", batch: Batch, *, record: bool = True) -> dict[str, torch.Tensor]:
-    """Scores and token rewards of ``batch``; ``record`` adds the reward metrics to the step's."""
+def _scored(ctx: "StepContext", batch: Batch, *, record: bool = True) -> Batch:
+    """``batch`` with its scores and token rewards; ``record`` adds the reward metrics to the step's.
+
+    Rows whose reward is not finite stop the step, or with ``reward.on_invalid = "skip"`` are dropped
+    (``reward/invalid_rows``) before anything else sees them."""
     start = time.perf_counter()
     scores, metrics = ctx.reward.score(batch)
+    scores = check_scores(scores, len(batch), source=ctx.boundary.scorer, step=ctx.step)
     _timed_add(ctx, "timing/reward", start)
-    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
+    parts = [(ctx.boundary.scorer, scores)]
     env_rewards = batch.extras.get(ENV_REWARDS)
+    if env_rewards is not None:
+        parts.append((ctx.boundary.environment, env_rewards))
+    total = scores if env_rewards is None else scores + env_rewards.sum(-1)
+    keep = finite_rows(total, parts=parts, on_invalid=ctx.boundary.on_invalid, step=ctx.step)
+    ctx.metrics["reward/invalid_rows"] = ctx.metrics.get("reward/invalid_rows", 0.0) + (
+        0.0 if keep is None else float(len(batch) - len(keep)))
+    if keep is not None:
+        batch, scores = batch.select(keep.tolist()), scores[keep]
+        env_rewards = None if env_rewards is None else env_rewards[keep]
+    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
     if env_rewards is not None:  # the environment's per-turn rewards join the reward stage's
         token_rewards = token_rewards + env_rewards
         scores = scores + env_rewards.sum(-1)
@@ -118,7 +134,7 @@ def _score(ctx: "StepContext", batch: Batch, *, record: bool = True) -> dict[str
             "response_length/mean": float(lengths.mean()),
             "response_length/clip_frac": sum(r == "length" for r in batch.finish_reasons) / max(1, len(lengths)),
         })
-    return {"scores": scores, "token_rewards": token_rewards}
+    return batch.replace(scores=scores, token_rewards=token_rewards)
 
 
 def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
@@ -127,8 +143,7 @@ def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
     When nothing survives at all the first round is kept unfiltered, so the step still trains on
     real samples. The reward metrics describe the step's own prompts, as for every algorithm.
     """
-    batch = _generate(ctx, ctx.prompts, ctx.sampling)
-    batch = batch.replace(**_score(ctx, batch))
+    batch = _scored(ctx, _generate(ctx, ctx.prompts, ctx.sampling))
     if request.filter is None:
         return batch
     target = len(ctx.prompts)
@@ -148,7 +163,7 @@ def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
             batch = _generate(ctx, ctx.draw_prompts(), sampling)
             # Group ids restart at 0 in every round; shift them so groups of different rounds stay apart.
             batch = batch.replace(group_ids=batch.group_ids + rounds * target)
-            batch = batch.replace(**_score(ctx, batch, record=False))
+            batch = _scored(ctx, batch, record=False)
         generated += len(batch)
         survivors = request.filter(batch)
         if len(survivors):
@@ -184,6 +199,8 @@ def _greedy_baseline(ctx: "StepContext", batch: Batch) -> torch.Tensor:
     greedy = _generate(ctx, rows, dataclasses.replace(ctx.sampling, n=1, greedy=True))
     start = time.perf_counter()
     scores, _ = ctx.reward.score(greedy)
+    scores = check_scores(scores, len(greedy), source=ctx.boundary.scorer, step=ctx.step)
+    finite_rows(scores, parts=[(ctx.boundary.scorer, scores)], on_invalid="stop", step=ctx.step)  # a baseline per group
     _timed_add(ctx, "timing/reward", start)
     per_group = dict(zip(first_row, scores.tolist()))
     ctx.metrics["baseline/greedy_reward_mean"] = float(scores.mean())

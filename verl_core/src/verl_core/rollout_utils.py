@@ -107,10 +107,15 @@ def check_rollout_multi_modal(engine: Any, name: str, rows: Sequence[dict[str, A
                                           f"rollout.name='hf', or an engine with accepts_multi_modal")
 
 
-def generate_batch(engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sampling: SamplingParams) -> Batch:
-    """Generate ``sampling.n`` responses per prompt row and build the batch."""
+def generate_batch(engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sampling: SamplingParams, *,
+                   boundary: Any = None, step: int = 0) -> Batch:
+    """Generate ``sampling.n`` responses per prompt row and build the batch; the engine's output is
+    checked first (``boundary``: a :class:`~verl_core.boundary.Boundary`, a default one if None)."""
+    from verl_core.boundary import Boundary
+
     check_rollout_multi_modal(engine, "", prompts)
     output = engine.generate([p["prompt_ids"] for p in prompts], sampling=sampling)
+    output = (boundary or Boundary()).engine_output(output, expected=len(prompts) * sampling.n, step=step)
     pad_id = engine.tokenizer.pad_token_id
     batch = build_batch(prompts, output, n=sampling.n, pad_id=pad_id if pad_id is not None else 0)
     # The response budget, for losses normalised by a constant length (Dr. GRPO) and length shaping.

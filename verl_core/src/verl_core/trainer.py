@@ -7,6 +7,7 @@ hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -23,6 +24,7 @@ import torch
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
 from verl_core.async_rollout import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                      snapshot_weights, with_version)
+from verl_core.boundary import Boundary, check_scores, finite_rows, plugin_label
 from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
 from verl_core.config import (
     Config,
@@ -279,6 +281,7 @@ class Trainer:
         self.dataflow: Dataflow = builder.build()
         self._check_trainer_mode(needs)  # before any model loads
         self.reuse_update_log_probs = self._old_log_probs_reusable()
+        self.boundary = self._boundary()
         self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
         self._backend.check(model=self.model_spec, world_size=cfg.executor.config.world_size)  # before any model loads
@@ -363,6 +366,21 @@ class Trainer:
         if problem:
             raise ConfigError("trainer.mode", problem)
 
+    def _boundary(self) -> Boundary:
+        """The checks on what this run's plugins return, with their names (one per rollout engine)."""
+        cfg, label = self.config, functools.partial(plugin_label, self.registry)
+        vocab = len(self.tokenizer)
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            module = self.model_spec.module
+            config = (module.config.to_dict() if module is not None else
+                      json.loads((Path(self.model_spec.path) / "config.json").read_text()))
+            # A model may have more embedding rows than its tokenizer has tokens (Qwen: 151,936 and 151,665).
+            vocab = max(vocab, int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0))
+        return Boundary(rollout=label("rollout", cfg.rollout.name), scorer=label("scorer", cfg.reward.name),
+                        environment=label("environment", cfg.environment.name) if cfg.environment.name else "",
+                        algorithm=label("algorithm", cfg.algorithm.name), vocab_size=vocab,
+                        on_invalid=getattr(cfg.reward.config, "on_invalid", "stop"))
+
     def _old_log_probs_reusable(self) -> bool:
         """The run's half of :func:`~verl_core.dataflow.old_log_probs_reusable`: only the actor update reads
         the old log-probs, which the actor computes (not the engine), and no dropout makes two forwards differ."""
@@ -402,11 +420,14 @@ class Trainer:
         request = self.dataflow.rollout_request
         rc = cfg.rollout.config
 
+        boundary = self._boundary()  # the producer's engine reports weight versions of its own
+
         def produce(seq: int, prompts: list[dict[str, Any]], draw: Any) -> tuple[Any, dict[str, float]]:
             ctx = StepContext(step=seq, prompts=prompts, algorithm=self.algorithm, actor=None, rollout=engine,
                               reward=self.reward, sampling=rc.sampling(seed=cfg.run.seed * 1_000_003 + seq),
                               tokenizer=self.tokenizer, draw_prompts=draw, rollout_name=cfg.rollout.name,
-                              make_environment=self.make_environment, environment_config=cfg.environment.config)
+                              make_environment=self.make_environment, environment_config=cfg.environment.config,
+                              boundary=boundary)
             return rollout_stage.produce(ctx, request), ctx.metrics
 
         resumed = self._resumed_buffer
@@ -671,7 +692,7 @@ class Trainer:
                           rollout_name=self.config.rollout.name, make_environment=self.make_environment,
                           environment_config=self.config.environment.config,
                           produced=item.batch if item is not None else None, staleness=staleness,
-                          reuse_update_log_probs=self.reuse_update_log_probs)
+                          reuse_update_log_probs=self.reuse_update_log_probs, boundary=self.boundary)
         ctx.metrics.update(async_metrics)
         try:
             self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
@@ -743,7 +764,8 @@ class Trainer:
             part = rows[s:s + chunk]
             if self.make_environment is not None:  # whole trajectories, tools and all
                 batch = run_episodes(self.rollout, part, sampling, self.make_environment,
-                                     self.config.environment.config, pad_id=self.tokenizer.pad_token_id)
+                                     self.config.environment.config, pad_id=self.tokenizer.pad_token_id,
+                                     boundary=self.boundary, step=self.step)
                 texts += self.tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(
                     batch.response_ids, batch.response_attention_mask)], skip_special_tokens=True)
                 env_rewards.append(batch.extras[ENV_REWARDS].sum(-1))
@@ -751,7 +773,9 @@ class Trainer:
                 shown["finish"] += batch.finish_reasons
                 shown["transcript"] += batch.meta["transcript"]
             else:
-                out = self.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling)
+                out = self.boundary.engine_output(self.rollout.generate([r["prompt_ids"] for r in part],
+                                                                        sampling=sampling),
+                                                  expected=len(part) * sampling.n, step=self.step)
                 texts += self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
                 shown["tokens"] += [len(ids) for ids in out.response_ids]
                 shown["finish"] += out.finish_reasons
@@ -760,9 +784,15 @@ class Trainer:
                     for k in meta:
                         meta[k].append(r.get(k))
         scores, reward_metrics = self.reward.score_texts(texts, meta)
+        scores = check_scores(scores, len(texts), source=self.boundary.scorer, step=self.step)
+        parts = [(self.boundary.scorer, scores)]
         if env_rewards:
-            scores = scores + torch.cat(env_rewards)
-        metrics = {"val/reward_mean": float(scores.mean()), "val/samples": float(len(texts)),
+            parts.append((self.boundary.environment, torch.cat(env_rewards)))
+            scores = scores + parts[-1][1]
+        # A non-finite reward stops here as in training; skipped rows leave the mean, not the count.
+        keep = finite_rows(scores, parts=parts, on_invalid=self.boundary.on_invalid, step=self.step)
+        mean = float(scores.mean() if keep is None else scores[keep].mean())
+        metrics = {"val/reward_mean": mean, "val/samples": float(len(texts)),
                    "timing/validation": time.perf_counter() - start}
         metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items() if k.endswith("/mean")})
         metrics["val/reward_errors"] = reward_metrics.get("reward/errors", 0.0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from verl_core.config import ConfigError
+from verl_core.interfaces import ScorerConfig
 
 __all__ = ["RewardConfig", "RewardComponent", "REWARD_MODEL_COMPONENT"]
 
@@ -33,7 +34,7 @@ REWARD_MODEL_COMPONENT = "reward_model"
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(ScorerConfig):
     """How responses are scored.
 
     Attributes:
@@ -46,6 +47,8 @@ class RewardConfig:
         aliases: extra data_source -> reward mappings for ``"auto"``, e.g. ``{"my/gsm8k-copy" = "gsm8k"}``.
         on_error: ``"fail"`` stops the run with the row and error; ``"zero"`` scores 0 and counts it in
             ``reward/errors``.
+        on_invalid: (from :class:`~verl_core.interfaces.ScorerConfig`) a NaN/inf reward that reaches the
+            core, from an environment or a scorer: ``"stop"`` or ``"skip"`` the rows.
         timeout: seconds one reward call may take (per response, or per batch for a batch reward); 0: none.
         isolation: ``"process"`` runs rewards in worker processes that are killed at the time limit;
             ``"none"`` runs them in the controller (no start-up cost, but a hang cannot be interrupted).
@@ -65,6 +68,7 @@ class RewardConfig:
     model_path: str = ""
 
     def validate(self) -> None:
+        super().validate()
         if self.on_error not in ("fail", "zero"):
             raise ConfigError("on_error", "must be 'fail' or 'zero'")
         if self.isolation not in ("process", "none"):
