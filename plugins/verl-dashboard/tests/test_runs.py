@@ -49,6 +49,27 @@ def test_a_running_status_whose_process_is_gone_reads_as_failed(tmp_path: Path):
     assert RunSet([run]).get("r").status()["status"] == "running"
 
 
+def test_a_run_that_stopped_before_step_0_reads_as_failed_with_its_error(tmp_path: Path):
+    import socket
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.toml").write_text('[run]\nmax_steps = 5\n')  # all a run refused while starting leaves
+    status = RunSet([run]).get("r").status()
+    assert status["status"] == "failed" and "stopped before step 0" in status["error"], status
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = {"pid": dead.pid, "host": socket.gethostname(), "started": 0}
+    (run / "run.lock").write_text(json.dumps(lock))  # killed while loading: its lock record stayed
+    status = RunSet([run]).get("r").status()
+    assert status["status"] == "failed" and f"pid {dead.pid}, was killed or crashed while starting" in status["error"]
+    (run / "health.jsonl").write_text(json.dumps({"step": 0, "check": "start", "message": "data.train: no rows"}) + "\n")
+    assert RunSet([run]).get("r").status()["error"] == "data.train: no rows"
+    (run / "run.lock").write_text(json.dumps({**lock, "pid": os.getpid()}))  # still loading
+    status = RunSet([run]).get("r").status()
+    assert status["status"] == "running" and status["note"].startswith("starting")
+
+
 def test_a_folder_of_runs_finds_runs_started_later(tmp_path: Path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "metrics.jsonl").write_text("")

@@ -51,6 +51,8 @@ __all__ = [
     "resolve_config",
     "config_to_dict",
     "dump_toml",
+    "field_docs",
+    "KEY_ALIASES",
 ]
 
 
@@ -508,7 +510,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
             f"; data.max_prompt_length and rollout.max_new_tokens fitted to its max_position_embeddings="
             f"{max_positions})" if fitted else "; no builtin: model preset)")
     raw, async_default = _with_async_defaults(raw, registry, sections)
-    profile += async_default
+    profile += async_default + _steps_note(user)
     for section, value in raw.items():
         if section not in known:
             raise ConfigError(section, f"unknown section{_suggest(section, known)}; sections are {known}")
@@ -533,6 +535,16 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
     return Config(built, sections, raw=user, profile=profile)
+
+
+def _steps_note(user: Mapping[str, Any]) -> str:
+    """Which of ``run.epochs`` and ``run.max_steps`` decides the run's length when both are set (epochs)."""
+    run = user.get("run") if isinstance(user.get("run"), Mapping) else {}
+    epochs = run.get("epochs")
+    if "max_steps" not in run or not isinstance(epochs, int) or isinstance(epochs, bool) or epochs <= 0:
+        return ""
+    return (f"; run.epochs={epochs} decides the number of steps (epochs x training prompts // data.batch_size), "
+            f"run.max_steps={run['max_steps']!r} is not used (set run.epochs=0 to count steps instead)")
 
 
 #: The truncated importance-sampling cap the overlapping trainer modes weigh stale samples with, unless the
@@ -674,9 +686,25 @@ def _check_ranges(obj: Any, fields: Mapping[str, dataclasses.Field], path: str) 
             raise ConfigError(f"{path}.{name}", problem)
 
 
+#: Keys that many peers (and verl's own docs) use for a pair of fields: where a section has the fields and no
+#: field of the alias's name, the alias sets each of them that is not set by its own name.
+KEY_ALIASES: dict[str, tuple[str, ...]] = {"clip_ratio": ("clip_ratio_low", "clip_ratio_high")}
+
+
+def _expand_aliases(values: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    for alias, targets in KEY_ALIASES.items():
+        if alias in out and alias not in fields and all(t in fields for t in targets):
+            value = out.pop(alias)
+            for target in targets:
+                out.setdefault(target, value)
+    return out
+
+
 def build_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:
     """Instantiate dataclass ``cls`` from ``values`` with type checks; then call ``validate()``."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    values = _expand_aliases(values, fields)
     try:
         hints = typing.get_type_hints(cls)
     except NameError as exc:  # an annotation names a type only imported for type checkers
@@ -767,7 +795,34 @@ def _type_name(hint: Any) -> str:
 
 def _suggest(word: str, options: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    # A key that starts a family of keys (`clip_ratio` of clip_ratio_low/_high) names the family.
+    family = [o for o in options if o.startswith(word + "_")]
+    if len(family) > 1:
+        return f" (did you mean one of {', '.join(map(repr, family))}?)"
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its description in the ``Attributes:`` section of ``cls``'s docstring (and its bases')."""
+    docs: dict[str, str] = {}
+    for klass in reversed(getattr(cls, "__mro__", (cls,))):
+        current, inside = None, False
+        for line in (klass.__doc__ or "").splitlines():
+            stripped = line.strip()
+            if stripped == "Attributes:":
+                inside = True
+                continue
+            if not inside:
+                continue
+            name, sep, text = stripped.partition(":")
+            if sep and name.isidentifier() and line.startswith(" " * 8) and not line.startswith(" " * 12):
+                current = name
+                docs[current] = text.strip()
+            elif stripped and current:
+                docs[current] += " " + stripped
+            elif not stripped and current:
+                current, inside = None, False
+    return docs
 
 
 # ---------------------------------------------------------------------------- output
@@ -785,13 +840,19 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     return out
 
 
-def dump_toml(data: Mapping[str, Any]) -> str:
-    """Write a two-level dict of simple values as TOML (enough for configs)."""
+def dump_toml(data: Mapping[str, Any], unset: Mapping[str, str] | None = None) -> str:
+    """Write a two-level dict of simple values as TOML (enough for configs).
+
+    TOML has no null: an unset (``None``) value is left out, or, when ``unset`` has its dotted key,
+    written as a comment with that text (what it follows, e.g. ``verl config show``).
+    """
     lines: list[str] = []
     for section, values in data.items():
         lines.append(f"[{section}]")
         for key, value in values.items():
             if value is None:
+                if unset and f"{section}.{key}" in unset:
+                    lines.append(f"# {key} = {unset[f'{section}.{key}']}")
                 continue
             lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")

@@ -367,6 +367,10 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
                     "extra_info": row.get("extra_info") or {},
                     "raw": row})  # everything else the row carries (preference pairs, images, tools, ...)
     stats.kept = len(out)
+    if not stats.rows:
+        what = "the file has no rows" if Path(source).expanduser().is_file() else "it has no rows"
+        raise DataError(f"{source}: {what}; it needs one row per prompt, e.g. a jsonl line "
+                        f"{{\"{prompt_key}\": \"What is 2+3?\", \"{answer_key}\": \"5\"}}")
     if not out:
         raise DataError(f"{source}: no usable prompts ({stats.dropped} of {stats.rows} longer than "
                         f"data.max_prompt_length={max_prompt_length}, {stats.bad} bad; raise it or set "

@@ -27,8 +27,12 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
 class ConsoleLogger:
     """A progress bar plus one short line per step on the terminal (plain lines when not a TTY)."""
 
+    #: Metric -> column; a tuple of metrics shows the first one present. ``kl`` is the KL to the reference the
+    #: algorithm computes (PPO subtracts it from the reward, GRPO with kl_coef adds it to the loss), else the
+    #: policy's drift from the old log-probs (0 with one on-policy mini-batch).
     KEYS = (("reward/mean", "reward"), ("val/reward_mean", "val"), ("ppo/actor_loss", "loss"),
-            ("ppo/kl_divergence", "kl"), ("response_length/mean", "len"), ("timing/step", "s/step"))
+            (("ppo/kl_in_reward", "ppo/kl_loss", "actor/ref_kl", "ppo/kl_divergence"), "kl"),
+            ("response_length/mean", "len"), ("timing/step", "s/step"))
 
     def __init__(self) -> None:
         self._progress = None
@@ -61,7 +65,10 @@ class ConsoleLogger:
     @hookimpl
     def verl_step_end(self, step: int, metrics: dict[str, float]) -> None:
         parts = [f"step {step}/{self._max_steps}"]
-        parts += [f"{label} {metrics[key]:.4g}" for key, label in self.KEYS if key in metrics]
+        for keys, label in self.KEYS:
+            key = next((k for k in ((keys,) if isinstance(keys, str) else keys) if k in metrics), None)
+            if key is not None:
+                parts.append(f"{label} {metrics[key]:.4g}")
         done = step - self._start_step
         if done > 0 and self._progress is None:
             eta = (time.perf_counter() - self._start) / done * (self._max_steps - step)
@@ -74,6 +81,7 @@ class ConsoleLogger:
     def verl_validation_start(self, step: int, samples: int) -> None:
         if self._progress is not None:
             self._progress.update(self._task, description=f"validating {samples} samples @ step {step}")
+            self._progress.refresh()  # drawn now, not at the next tick: a fast validation is shown too
 
     @hookimpl
     def verl_validation_end(self, step: int, metrics: dict[str, float]) -> None:

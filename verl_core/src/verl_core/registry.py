@@ -53,7 +53,7 @@ __all__ = [
     "BUILTIN_PREFIX", "KNOWN_DISTRIBUTIONS", "provider_of", "KINDS", "PLUGIN_API_GROUP", "PLUGIN_API_VERSION",
     "SUPPORTED_PLUGIN_API_VERSIONS", "DuplicatePluginError", "IncompatiblePluginError", "PluginError",
     "PluginInfo", "PluginLoadError", "PluginRegistry", "PluginStatus", "PluginWarning", "UnknownPluginError",
-    "load_builtin",
+    "close_names", "load_builtin",
 ]
 
 logger = logging.getLogger(__name__)
@@ -463,7 +463,9 @@ class PluginRegistry:
         discovered = self._discover()
         installed = sorted({n for (k, n) in discovered if k == kind})
         named = {n for kinds in KNOWN_DISTRIBUTIONS.values() if kinds.get(kind, "*") != "*" for n in kinds[kind]}
-        suggestions = difflib.get_close_matches(name, sorted(set(installed) | named), n=3, cutoff=0.6)
+        common = {n for (k, n), slot in discovered.items() if k == kind
+                  and any(canonicalize_name(e.info.distribution) == _CORE_DISTRIBUTION for e in slot)}
+        suggestions = close_names(name, sorted(set(installed) | named), common=common)
         parts = [f"no {kind} plugin named {name!r} is installed."]
         parts.append(f"Installed {kind} plugins: {', '.join(installed)}." if installed
                      else f"No {kind} plugins are installed.")
@@ -477,7 +479,9 @@ class PluginRegistry:
         else:
             if suggestions:
                 best = suggestions[0]
-                hint = f"Did you mean {best!r}?"
+                # The runner-up too when it is about as close (`gpro`: `grpo`, one swap, or `gspo`, two edits).
+                near = [s for s in suggestions[1:2] if _edit_distance(name, s) <= _edit_distance(name, best) + 1]
+                hint = f"Did you mean {best!r}" + "".join(f" (or {s!r})" for s in near) + "?"
                 if best not in installed and provider_of(kind, best):
                     hint += f" (pip install {provider_of(kind, best)})"
                 parts.append(hint)
@@ -534,6 +538,34 @@ class PluginRegistry:
         for slot in entries.values():
             _mark_duplicates(slot)
         return entries
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) from ``a`` to ``b``: ``gpro`` is one from
+    ``grpo`` and one from ``gspo``, where difflib's ratio prefers ``gspo``."""
+    rows = [list(range(len(b) + 1))]
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def close_names(word: str, options: Iterable[str], *, common: Iterable[str] = (), n: int = 3) -> list[str]:
+    """Options ``word`` is likely a typo of, best first: fewest edits, then the ``common`` ones (the core's
+    own plugins, a section's default), then difflib's similarity. At most a third of the word may differ."""
+    common = set(common)
+    limit = max(1, len(word) // 3)
+    scored = []
+    for option in set(options):
+        distance = _edit_distance(word.lower(), option.lower())
+        similar = difflib.SequenceMatcher(None, word, option).ratio()
+        if distance <= limit or similar >= 0.6:
+            scored.append((distance, option not in common, -similar, option))
+    return [option for *_, option in sorted(scored)[:n]]
 
 
 def _mark_duplicates(slot: list[_Entry]) -> None:

@@ -113,7 +113,7 @@ class Run:
         before it could say so.
         """
         data = _read_json(self.path / "status.json") or {}
-        status = dict(data) if data else {"status": "unknown", "error": None}
+        status = dict(data) if data else self._status_before_start()
         if status.get("status") == "running" and status.get("host") == socket.gethostname() and status.get("pid"):
             if not _pid_alive(int(status["pid"])):
                 status["status"] = "failed"
@@ -126,6 +126,28 @@ class Run:
         except FileNotFoundError:
             status["last_write"] = None
         return status
+
+    def _status_before_start(self) -> dict[str, Any]:
+        """No ``status.json``: the run never reached step 0 (its loggers start there). While ``run.lock`` names a
+        live process on this host it is starting; a directory with metrics but no status is an older run's."""
+        if (self.path / "metrics.jsonl").is_file():
+            return {"status": "unknown", "error": None}
+        holder = _read_json(self.path / "run.lock") or {}
+        pid = int(holder.get("pid") or 0) if isinstance(holder, dict) else 0
+        if pid and holder.get("host") == socket.gethostname() and _pid_alive(pid):
+            return {"status": "running", "error": None, "pid": pid, "host": holder.get("host"),
+                    "note": "starting: loading the model and data"}
+        error = self._start_error()
+        if error is None:
+            error = ("the run stopped before step 0 without recording why"
+                     + (f" (its process, pid {pid}, was killed or crashed while starting)" if pid else
+                        "; it failed while starting, and its console output has the error"))
+        return {"status": "failed", "error": error}
+
+    def _start_error(self) -> str | None:
+        """The error a run that failed while starting left, if any: the last ``health.jsonl`` entry."""
+        rows = self.health.refresh()
+        return str(rows[-1].get("message")) if rows and rows[-1].get("message") else None
 
     def config(self) -> tuple[str, dict[str, Any]]:
         """The resolved config: its TOML text and its keys flattened (``algorithm.kl_coef``)."""
