@@ -112,14 +112,18 @@ def test_plugins_list_check_imports_each_plugin_and_shows_the_broken_ones(cli, s
         res = cli("plugins", "list", "--kind", "algorithm", "--check")
         assert res.exit_code == 1, res.output
         line = next(row for row in res.output.splitlines() if row.startswith("algorithm") and "verl_cli_broken" in row)
-        assert line.split()[-1] == "broken"
+        assert line.split()[-3:] == ["broken", "import", "failed"]  # STATUS, then CHECK: what the check found
         assert ("algorithm/verl_cli_broken: import of _verl_cli_broken:Algo failed: ImportError: needs the package "
                 "frobnicate") in res.output
         fine = next(row for row in res.output.splitlines() if row.startswith("algorithm") and "verl_cli_fine" in row)
-        assert fine.split()[-1] == "available"
+        assert fine.split()[-3:] == ["available", "imported", "OK"]
+        assert res.output.splitlines()[0].split()[-1] == "CHECK"
+        summary = res.output.splitlines()[-1]
+        assert summary.startswith("check: ") and "1 import failed" in summary and "imported OK" in summary
         res = cli("plugins", "list", "--kind", "algorithm", "--check", "--json")
         rows = {r["name"]: r for r in json.loads(res.output)}
         assert res.exit_code == 1 and rows["verl_cli_broken"]["status"] == "broken"
+        assert (rows["verl_cli_broken"]["check"], rows["verl_cli_fine"]["check"]) == ("import failed", "imported OK")
         assert "frobnicate" in rows["verl_cli_broken"]["message"]
         assert {r["status"] for name, r in rows.items() if name != "verl_cli_broken"} == {"available"}
     finally:

@@ -93,9 +93,15 @@ def run(
     procs_per_node: Optional[int] = typer.Option(None, help="Worker processes per node (multi-process executors)."),
     env: Optional[str] = typer.Option(None, help="Multi-turn environment plugin (e.g. tools); runs its built-in "
                                       "task unless --model/--data say otherwise."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything the run checks before step 1 and "
+                                 "describe the run (prompt, dataflow, placement, memory), without loading weights "
+                                 "or starting engines; exit 0 if it would start, 2 with its error if not."),
 ) -> None:
     """Train. With no arguments: GRPO on the built-in addition task with a tiny model."""
     options = locals()
+    if dry_run:
+        _guard(lambda: _dry_run(options))
+        return
 
     def go() -> None:
         import signal
@@ -136,6 +142,35 @@ def run(
     _guard(go)
 
 
+def _dry_run(options: dict[str, Any]) -> None:
+    from verl_core.dryrun import dry_run
+
+    cfg, registry = _collect(options)
+    report = dry_run(cfg, registry)
+    for line in report.lines:
+        typer.echo(line)
+    for warning in report.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW)
+    typer.echo(f"dry run: the run would start ({report.seconds:.1f} s; no weights loaded, nothing written)")
+
+
+@config_app.command("check")
+def config_check(
+    overrides: List[str] = typer.Argument(None, help=_RUN_HELP, show_default=False),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file."),
+    backend: Optional[str] = typer.Option(None), rollout: Optional[str] = typer.Option(None),
+    algo: Optional[str] = typer.Option(None), model: Optional[str] = typer.Option(None),
+    data: Optional[str] = typer.Option(None), output_dir: Optional[str] = typer.Option(None),
+    max_steps: Optional[int] = typer.Option(None), save_every: Optional[int] = typer.Option(None),
+    resume: Optional[str] = typer.Option(None), seed: Optional[int] = typer.Option(None),
+    executor: Optional[str] = typer.Option(None), nnodes: Optional[int] = typer.Option(None),
+    procs_per_node: Optional[int] = typer.Option(None), env: Optional[str] = typer.Option(None),
+) -> None:
+    """`verl run --dry-run` (same arguments): check the run before step 1 without loading weights; exit 0 or 2."""
+    options = locals()
+    _guard(lambda: _dry_run(options))
+
+
 @config_app.command("show")
 def config_show(
     overrides: List[str] = typer.Argument(None, help=_RUN_HELP, show_default=False),
@@ -153,9 +188,11 @@ def config_show(
 
     def go() -> None:
         from verl_core.config import config_to_dict, dump_toml
+        from verl_core.dryrun import unset_keys
 
         cfg, _ = _collect(options)
-        typer.echo(f"# profile: {cfg.profile}\n{dump_toml(config_to_dict(cfg))}", nl=False)
+        # Unset keys (a default that depends on other settings) as comments with what they resolve to.
+        typer.echo(f"# profile: {cfg.profile}\n{dump_toml(config_to_dict(cfg), unset_keys(cfg))}", nl=False)
 
     _guard(go)
 
@@ -174,37 +211,61 @@ def plugins_list(
 
     registry = PluginRegistry()
     infos = _guard(lambda: registry.list(kind))
+    found: dict[tuple[str, str, str], str] = {}  # what --check found, per plugin
     if check:
         for info in infos:
             if info.status == "available":
                 try:
                     registry.load(info.kind, info.name)
+                    found[(info.kind, info.name, info.distribution)] = "imported OK"
                 except PluginError:
                     pass  # the registry now lists it as broken, with the cause
         infos = registry.list(kind)
+        for i in infos:
+            found.setdefault((i.kind, i.name, i.distribution), {
+                "broken": "import failed", "incompatible": "not imported: incompatible",
+                "duplicate": "not imported: duplicate"}.get(i.status, "not imported"))
     if as_json:
-        typer.echo(json.dumps([dataclasses.asdict(i) for i in infos], indent=1))
+        rows_json = [dataclasses.asdict(i) for i in infos]
+        if check:
+            for row, i in zip(rows_json, infos):
+                row["check"] = found[(i.kind, i.name, i.distribution)]
+        typer.echo(json.dumps(rows_json, indent=1))
         if check and any(i.status == "broken" for i in infos):
             raise typer.Exit(1)
         return
-    rows = [("KIND", "NAME", "DISTRIBUTION", "VERSION", "STATUS")]
-    rows += [(i.kind, i.name, i.distribution, i.version, i.status) for i in infos]
-    widths = [max(len(r[c]) for r in rows) for c in range(5)]
+    header = ("KIND", "NAME", "DISTRIBUTION", "VERSION", "STATUS") + (("CHECK",) if check else ())
+    rows = [header]
+    rows += [(i.kind, i.name, i.distribution, i.version, i.status)
+             + ((found[(i.kind, i.name, i.distribution)],) if check else ()) for i in infos]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for r in rows:
         typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
     for i in infos:
         if i.message:
             typer.echo(f"  {i.kind}/{i.name}: {i.message}")
+    if check:
+        counts = {what: sum(1 for v in found.values() if v == what) for what in dict.fromkeys(found.values())}
+        typer.echo("check: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
     if check and any(i.status == "broken" for i in infos):
         raise typer.Exit(1)
 
 
 @app.command("export")
 def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directory (its latest checkpoint)."),
-           hf_dir: Path = typer.Argument(..., help="Output Hugging Face model directory.")) -> None:
+           hf_dir: Path = typer.Argument(..., help="Output Hugging Face model directory."),
+           force: bool = typer.Option(False, "--force", help="Write into HF_DIR even if it is not empty.")) -> None:
     """Write a checkpoint's policy as a Hugging Face model (safetensors + tokenizer)."""
     def go() -> None:
+        from verl_core.config import ConfigError
         from verl_core.export import export_checkpoint
+
+        if hf_dir.is_file():
+            raise ConfigError("", f"{hf_dir} is a file; give a directory to write the model into")
+        if hf_dir.is_dir() and any(hf_dir.iterdir()) and not force:
+            held = sorted(p.name for p in hf_dir.iterdir())
+            raise ConfigError("", f"{hf_dir} is not empty ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
+                                  f"export into a new or empty directory, or pass --force to write over what is there")
 
         ckpt = export_checkpoint(path, hf_dir)
         typer.echo(f"exported {ckpt} -> {hf_dir}")
