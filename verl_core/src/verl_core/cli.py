@@ -61,7 +61,15 @@ def _collect(options: dict[str, Any]) -> tuple[Any, Any]:
     from verl_core.registry import PluginRegistry
 
     registry = PluginRegistry()
-    raw = load_raw_config(options["config"])
+    if options["config"] is not None and Path(options["config"]).suffix.lower() in (".yaml", ".yml", ".json"):
+        from verl_core.config_import import fit_to_plugins, import_config, read_foreign
+
+        report = import_config(read_foreign(options["config"]))  # a verl or TRL config: mapped, the mapping shown
+        fit_to_plugins(report, registry)
+        typer.echo("\n".join(report.lines()), err=True)
+        raw = report.raw
+    else:
+        raw = load_raw_config(options["config"])
     for name, key in _FLAG_KEYS.items():
         # Only flags the user gave become keys: the local executor has no nnodes/procs_per_node settings.
         if options[name] is not None:
@@ -169,6 +177,37 @@ def config_check(
     """`verl run --dry-run` (same arguments): check the run before step 1 without loading weights; exit 0 or 2."""
     options = locals()
     _guard(lambda: _dry_run(options))
+
+
+@config_app.command("import")
+def config_import(
+    items: List[str] = typer.Argument(..., help="A verl ppo_trainer.yaml-style file or TRL GRPOConfig/PPOConfig "
+                                      "YAML/JSON, and/or verl's dotted overrides (data.train_batch_size=256 ...)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the TOML here (default: stdout)."),
+) -> None:
+    """Translate a verl or TRL config into ours: the TOML, with every key's mapping and what has no equivalent."""
+    def go() -> None:
+        from verl_core.config import ConfigError
+        from verl_core.config_import import fit_to_plugins, flatten, from_overrides, import_config, read_foreign
+        from verl_core.registry import PluginRegistry
+
+        files = [i for i in items if "=" not in i]
+        if len(files) > 1:
+            raise ConfigError("", f"one file at a time, got {files}")
+        flat = read_foreign(files[0]) if files else {}
+        flat.update(from_overrides([i for i in items if "=" in i]))
+        report = import_config(flatten(flat))
+        fit_to_plugins(report, PluginRegistry())
+        if output is None:
+            typer.echo(report.toml(), nl=False)
+            return
+        if output.exists():
+            raise ConfigError("", f"{output} exists; give another --output or remove it")
+        output.write_text(report.toml())
+        typer.echo("\n".join(report.lines()))
+        typer.echo(f"wrote {output}; check it with: verl config check -c {output}")
+
+    _guard(go)
 
 
 @config_app.command("show")
