@@ -45,7 +45,9 @@ from verl_core.interfaces import (
     TrainingBackend,
     TrainingWorker,
     WorldInfo,
+    check_sequence_length,
     micro_batch_weights,
+    rank_mini_batch,
 )
 from verl_core.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
 from verl_core.precision import autocast, check_autocast
@@ -350,31 +352,12 @@ class FSDPWorker(TrainingWorker):
             trainable = [p for p in module.parameters() if p.requires_grad]
             self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(config.betas), eps=config.eps,
                                                weight_decay=config.weight_decay)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.config.lr_factor)
         else:
             for p in module.parameters():
                 p.requires_grad_(False)
 
     # ------------------------------------------------------------------ helpers
-    def _lr_factor(self, step: int) -> float:
-        """Learning-rate multiplier for training step ``step`` (0-based: the number of updates done)."""
-        warmup = self.config.warmup_steps
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        total = self.config.total_training_steps
-        if self.config.lr_schedule == "constant" or not total:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        floor = self.config.min_lr_ratio
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    def _check_length(self, batch: Batch) -> None:
-        total = batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
-        if self.max_positions and total > self.max_positions:
-            raise ValueError(f"sequence length {total} (prompt {batch.prompt_ids.shape[1]} + response "
-                             f"{batch.response_ids.shape[1]}) exceeds the model's max_position_embeddings="
-                             f"{self.max_positions}; lower data.max_prompt_length or rollout.max_new_tokens")
-
     def _micro_batches(self, batch: Batch, size: int) -> list[Batch]:
         """Micro-batches of ``size`` samples, or packed up to the token budget when one is set."""
         budget = self.config.micro_batch_max_tokens
@@ -406,19 +389,6 @@ class FSDPWorker(TrainingWorker):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             values = tuple(int(v) for v in t.tolist())
         return values[0] if len(values) == 1 else values
-
-    def _rank_mini_batch(self, mini_batch_size: int, rank_samples: int) -> int:
-        """Samples per optimizer step on this rank. ``mini_batch_size`` counts samples over all
-        data-parallel ranks (as verl's ``ppo_mini_batch_size``), and every rank holds an equal shard,
-        so each rank steps on its share and all ranks take the same number of optimizer steps."""
-        if not mini_batch_size:
-            return rank_samples
-        ranks = self.world.world_size
-        if mini_batch_size % ranks:
-            example = ranks * max(1, mini_batch_size // ranks)
-            raise ValueError(f"algorithm.mini_batch_size={mini_batch_size} is not a multiple of the {ranks} "
-                             f"data-parallel ranks; set it to a multiple, e.g. {example}")
-        return mini_batch_size // ranks
 
     def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens, ``[B, R']`` for the padding-trimmed
@@ -489,7 +459,7 @@ class FSDPWorker(TrainingWorker):
     # ------------------------------------------------------------------ contract
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False) -> LogProbs:
-        self._check_length(batch)
+        check_sequence_length(batch, self.max_positions)
         self.module.train(False)
         lps, ents = [], []
         width = batch.response_length
@@ -517,7 +487,7 @@ class FSDPWorker(TrainingWorker):
     def compute_scores(self, batch: Batch) -> torch.Tensor:
         if self.role is not Role.REWARD_MODEL:
             return super().compute_scores(batch)
-        self._check_length(batch)
+        check_sequence_length(batch, self.max_positions)
         self.module.train(False)
         scores = []
         for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
@@ -570,9 +540,9 @@ class FSDPWorker(TrainingWorker):
 
     def _optimize(self, batch: Batch, micro_loss: Any, loss_fn: LossFn, mini_batch_size: int, epochs: int, *,
                   prefix: str) -> dict[str, float]:
-        self._check_length(batch)
+        check_sequence_length(batch, self.max_positions)
         self.module.train(True)
-        mini = self._rank_mini_batch(mini_batch_size, len(batch))
+        mini = rank_mini_batch(mini_batch_size, len(batch), self.world.world_size)
         sums: dict[str, float] = {}
         norms: list[float] = []
         count = 0
@@ -806,7 +776,7 @@ class FSDPWorker(TrainingWorker):
             # backend.lr (critic_lr) of this run too: the scheduler's saved base rates are replaced.
             lr = self.config.lr if self.role is Role.ACTOR else self.config.critic_lr
             self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
-            factor = self._lr_factor(self.scheduler.last_epoch)
+            factor = self.config.lr_factor(self.scheduler.last_epoch)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr * factor
         self.optimizer_steps = extra["optimizer_steps"]

@@ -42,7 +42,9 @@ from verl_core.interfaces import (
     TrainingBackend,
     TrainingWorker,
     WorldInfo,
+    check_sequence_length,
     micro_batch_weights,
+    rank_mini_batch,
 )
 from verl_core.sharding import ensure_process_group
 from verl_backend_megatron import _convert
@@ -647,16 +649,9 @@ class MegatronWorker(TrainingWorker):
         scored = micro.batch.response_attention_mask.bool().to(self.device)
         return picked.new_zeros(B, R).masked_scatter(scored, picked)
 
-    def _check_length(self, batch: Batch) -> None:
-        total = batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
-        if total > self.arch.max_positions:
-            raise ValueError(f"sequence length {total} (prompt {batch.prompt_ids.shape[1]} + response "
-                             f"{batch.response_ids.shape[1]}) exceeds the model's max_position_embeddings="
-                             f"{self.arch.max_positions}; lower data.max_prompt_length or rollout.max_new_tokens")
-
     def _forward_only(self, batch: Batch, head: Callable[[_Micro, torch.Tensor], dict[str, torch.Tensor]],
                       like: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-        self._check_length(batch)
+        check_sequence_length(batch, self.arch.max_positions)
         self.module.eval()
 
         def on_output(micro: _Micro, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -709,32 +704,12 @@ class MegatronWorker(TrainingWorker):
         return self._optimize(batch, loss, loss_fn, mini_batch_size, epochs, prefix="critic")
 
     # ------------------------------------------------------------------ optimisation
-    def _lr_factor(self, step: int) -> float:
-        """The schedule of :class:`~verl_core.interfaces.BackendConfig` at training step ``step`` (0-based)."""
-        cfg = self.config
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule != "cosine" or not cfg.total_training_steps:
-            return 1.0
-        span = max(1, cfg.total_training_steps - cfg.warmup_steps)
-        done = min(1.0, (step - cfg.warmup_steps) / span)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 + math.cos(math.pi * done)) / 2
-
     def _set_lr(self, step: int) -> float:
         base = self.config.lr if self.role is Role.ACTOR else self.config.critic_lr
-        lr = base * self._lr_factor(step)
+        lr = base * self.config.lr_factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
-
-    def _rank_mini_batch(self, mini_batch_size: int, rank_samples: int) -> int:
-        if not mini_batch_size:
-            return rank_samples
-        dp = self.world.dp_size
-        if mini_batch_size % dp:
-            raise ValueError(f"algorithm.mini_batch_size={mini_batch_size} is not a multiple of the {dp} "
-                             f"data-parallel ranks; set it to a multiple, e.g. {dp * max(1, mini_batch_size // dp)}")
-        return mini_batch_size // dp
 
     def _sum_over_dp(self, value: float) -> float:
         """``value`` added up over this rank's data-parallel peers (tensor/pipeline peers hold the same samples)."""
@@ -754,8 +729,8 @@ class MegatronWorker(TrainingWorker):
 
     def _optimize(self, batch: Batch, micro_loss: Callable[..., Any], loss_fn: LossFn, mini_batch_size: int,
                   epochs: int, *, prefix: str) -> dict[str, float]:
-        self._check_length(batch)
-        mini = self._rank_mini_batch(mini_batch_size, len(batch))
+        check_sequence_length(batch, self.arch.max_positions)
+        mini = rank_mini_batch(mini_batch_size, len(batch), self.world.dp_size)
         lr = self._set_lr(self.training_steps)
         sums: dict[str, float] = {}
         norms: list[float] = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
@@ -32,6 +33,8 @@ __all__ = [
     "LossFn",
     "AlgorithmLoss",
     "micro_batch_weights",
+    "rank_mini_batch",
+    "check_sequence_length",
     "TrainingWorker",
     "TrainingBackend",
     "BackendConfig",
@@ -148,6 +151,27 @@ class LossFn(Protocol):
         self, *, batch: Batch, log_probs: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
         values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def rank_mini_batch(mini_batch_size: int, rank_samples: int, dp_size: int) -> int:
+    """Samples per optimizer step on one data-parallel rank. ``mini_batch_size`` counts samples over all
+    ranks (as verl's ``ppo_mini_batch_size``; 0: the whole batch) and every rank holds an equal shard,
+    so each steps on its share and all take the same number of optimizer steps."""
+    if not mini_batch_size:
+        return rank_samples
+    if mini_batch_size % dp_size:
+        raise ValueError(f"algorithm.mini_batch_size={mini_batch_size} is not a multiple of the {dp_size} "
+                         f"data-parallel ranks; set it to a multiple, e.g. {dp_size * max(1, mini_batch_size // dp_size)}")
+    return mini_batch_size // dp_size
+
+
+def check_sequence_length(batch: Batch, max_positions: int | None) -> None:
+    """Refuse a batch whose prompt plus response is longer than the model's positions, naming the settings."""
+    total = batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+    if max_positions and total > max_positions:
+        raise ValueError(f"sequence length {total} (prompt {batch.prompt_ids.shape[1]} + response "
+                         f"{batch.response_ids.shape[1]}) exceeds the model's max_position_embeddings="
+                         f"{max_positions}; lower data.max_prompt_length or rollout.max_new_tokens")
 
 
 def micro_batch_weights(loss_fn: LossFn, micro_batches: Sequence[Batch], *, dp_size: int = 1,
@@ -279,6 +303,16 @@ class BackendConfig:
     def compute_dtype(self, model_dtype: str) -> str:
         """The dtype forward passes run in (``model.dtype`` unless the backend casts, e.g. mixed precision)."""
         return model_dtype
+
+    def lr_factor(self, step: int) -> float:
+        """The learning-rate multiplier at training step ``step`` (0-based: the updates done so far):
+        the warm-up, then constant or the cosine down to ``min_lr_ratio`` (see the attributes)."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.lr_schedule != "cosine" or not self.total_training_steps:
+            return 1.0
+        done = min(1.0, (step - self.warmup_steps) / max(1, self.total_training_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
 
     def for_single_process(self) -> BackendConfig:
         """These settings with any parallel layout collapsed to one process.
