@@ -25,15 +25,16 @@ engine's weights after every step; no dataflow declares it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 from verl_core.batch import Batch
-from verl_core.boundary import Boundary, check_advantages
+from verl_core.boundary import check_advantages
 
 from verl_core.interfaces import Algorithm, AlgorithmLoss, RolloutRequest
+from verl_core.step_context import StepContext
 
 __all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "old_log_probs_reusable",
            "DetachedOldLogProbs"]
@@ -69,58 +70,6 @@ class Node:
     writes: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     role: str | None = None
-
-
-@dataclass
-class StepContext:
-    """What nodes see while one RL step runs. The controller fills it in.
-
-    Attributes:
-        tokenizer: the run's tokenizer, for nodes that turn text into tokens (offline data).
-        draw_prompts: returns the next batch of training prompt rows, for nodes that need more
-            prompts than the step's own (dynamic sampling); None where no more can be drawn.
-        max_log_prob_gap: the most the engine's log-probs may differ from the trainer's (mean
-            absolute difference per token) before the step stops as a broken weight sync; 0 off.
-        log_prob_gap_action: ``"error"`` (stop) or ``"warn"`` when the gap is exceeded.
-        rollout_name: the rollout engine's plugin name, for messages.
-        engine_released: the rollout stage released the engine's memory; the trainer reacquires it
-            before the weight sync.
-        make_environment: creates one environment per trajectory when the run has one
-            (``[environment]``); the rollout stage then runs the multi-turn loop.
-        environment_config: that environment's settings (max turns, token budget, concurrency).
-        produced: the step's scored batch, already made by the overlapping modes' producer; the
-            rollout node then takes it instead of generating (``trainer.mode``).
-        staleness: how many weight versions the batch lags the policy it trains (0: on-policy).
-        reuse_update_log_probs: the run allows skipping the old-log-prob forward where it provably
-            equals the update's own log-probs detached (see :func:`old_log_probs_reusable`).
-        boundary: the checks on what the engine, the scorer and the environment hand the rollout
-            stage, with their names for the messages (:class:`~verl_core.boundary.Boundary`).
-    """
-
-    step: int
-    prompts: list[dict[str, Any]]
-    algorithm: Any
-    actor: Any
-    rollout: Any
-    reward: Any
-    sampling: Any
-    critic: Any = None
-    reference: Any = None
-    batch: Batch | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
-    tokenizer: Any = None
-    draw_prompts: Callable[[], list[dict[str, Any]]] | None = None
-    max_log_prob_gap: float = 0.0
-    log_prob_gap_action: str = "error"
-    rollout_name: str = ""
-    engine_released: bool = False
-    make_environment: Callable[[], Any] | None = None
-    environment_config: Any = None
-    produced: Batch | None = None
-    staleness: int = 0
-    reuse_update_log_probs: bool = False
-    boundary: Boundary = field(default_factory=Boundary)
 
 
 class Dataflow:

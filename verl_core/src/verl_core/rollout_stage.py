@@ -36,7 +36,7 @@ from verl_core.interfaces import PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 
 if TYPE_CHECKING:
-    from verl_core.dataflow import StepContext
+    from verl_core.step_context import StepContext
 
 __all__ = ["run", "produce", "BASELINE", "ENGINE_CHECK_SAMPLES"]
 
