@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from verl_core.interfaces import WorkerFailedError
 
-__all__ = ["CheckpointManager", "CheckpointError", "CheckpointWriteError", "CorruptCheckpointError"]
+__all__ = ["CheckpointManager", "CheckpointError", "CheckpointWriteError", "CorruptCheckpointError", "pid_alive"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ def _step_of(path: Path) -> int | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this host (a lock's holder, a run's status)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -232,7 +233,7 @@ class CheckpointManager:
         """Half-written (or half-deleted) checkpoints of processes that are gone (killed mid-save) only take space."""
         for stale in [*self.root.glob(".tmp-step_*"), *self.root.glob(".prune-step_*")]:
             pid = stale.name.rpartition("-")[2]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 shutil.rmtree(stale, ignore_errors=True)
 
     def _prune(self) -> None:

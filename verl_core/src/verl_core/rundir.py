@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_core.checkpoint import MANIFEST, CheckpointError, CheckpointManager, _pid_alive
+from verl_core.checkpoint import MANIFEST, CheckpointError, CheckpointManager, pid_alive
 from verl_core.config import Config, ConfigError, config_to_dict, dump_toml, load_raw_config, resolve_config
 
 __all__ = ["RunLock", "RunDirectoryError", "open_run_dir", "resume_conflicts", "check_output_dir",
@@ -48,8 +48,11 @@ MIN_FREE_BYTES = 1 << 20
 TRAINED_SECTIONS = ("algorithm", "model", "reward", "data", "environment")
 #: ... except these, which change only what is validated, or how a run handles failures.
 SAFE_KEYS = frozenset({"data.val", "data.val_split", "data.max_val_samples", "data.val_batch_size",
-                       "data.max_bad_rows", "reward.on_error", "reward.timeout", "reward.isolation",
-                       "reward.workers"})
+                       "data.max_bad_rows", "reward.on_error", "reward.on_invalid", "reward.timeout",
+                       "reward.isolation", "reward.workers",
+                       # The staleness correction follows trainer.mode (2.0 in the async modes, 0 in sync), and
+                       # an async checkpoint resumes in sync mode with its buffered prompts (the README's promise).
+                       "algorithm.rollout_is_cap"})
 #: Settings of other sections that are part of it: the backend (the parallel layout is found from
 #: ``BackendConfig.for_single_process``), the adapters that decide which parameters exist, the seed.
 TRAINED_KEYS = frozenset({"backend.name", "backend.lora_rank", "backend.lora_alpha", "backend.lora_target_modules",
@@ -137,7 +140,7 @@ class RunLock:
                 os.close(fd)
                 raise
             holder = _read_holder(fd)
-            if holder.get("host") == socket.gethostname() and _pid_alive(int(holder.get("pid", 0) or 0)) \
+            if holder.get("host") == socket.gethostname() and pid_alive(int(holder.get("pid", 0) or 0)) \
                     and holder.get("pid") != os.getpid():
                 os.close(fd)
                 raise RunDirectoryError("run.output_dir", f"{self.run_dir} is in use by another run: "

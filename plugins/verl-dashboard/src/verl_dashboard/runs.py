@@ -20,7 +20,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from verl_core.checkpoint import _pid_alive  # the liveness check of the checkpoint lock
+from verl_core.checkpoint import pid_alive  # the liveness check of the checkpoint lock
 
 __all__ = ["RunSet", "Run", "JsonLines", "is_run_dir", "flatten", "RunDirError"]
 
@@ -115,7 +115,7 @@ class Run:
         data = _read_json(self.path / "status.json") or {}
         status = dict(data) if data else self._status_before_start()
         if status.get("status") == "running" and status.get("host") == socket.gethostname() and status.get("pid"):
-            if not _pid_alive(int(status["pid"])):
+            if not pid_alive(int(status["pid"])):
                 status["status"] = "failed"
                 status["error"] = (f"the run's process (pid {status['pid']}) ended without recording how; "
                                    f"it was killed or crashed")
@@ -134,7 +134,7 @@ class Run:
             return {"status": "unknown", "error": None}
         holder = _read_json(self.path / "run.lock") or {}
         pid = int(holder.get("pid") or 0) if isinstance(holder, dict) else 0
-        if pid and holder.get("host") == socket.gethostname() and _pid_alive(pid):
+        if pid and holder.get("host") == socket.gethostname() and pid_alive(pid):
             return {"status": "running", "error": None, "pid": pid, "host": holder.get("host"),
                     "note": "starting: loading the model and data"}
         error = self._start_error()
