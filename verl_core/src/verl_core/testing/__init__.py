@@ -16,6 +16,7 @@ Suites:
     :class:`AlgorithmConformance`: fixture ``algorithm``.
     :class:`RolloutConformance`: fixtures ``engine``, ``prompt_ids``, ``reference_model``.
     :class:`BackendConformance`: fixtures ``backend``, ``model_dir``.
+    :class:`EnvironmentConformance`: fixtures ``environment`` (a factory), ``task_row``.
 
 Helpers:
     :func:`make_batch`: a small synthetic :class:`~verl_core.batch.Batch`.
@@ -32,11 +33,12 @@ Importing this package needs pytest (it is a test-time dependency, ``verl-core[t
 
 from verl_core.testing._algorithm import AlgorithmConformance
 from verl_core.testing._backend import BackendConformance
+from verl_core.testing._environment import EnvironmentConformance
 from verl_core.testing._config_effects import ConfigEffect, EffectHarness, config_effect_batch, config_field_problems
 from verl_core.testing._factories import chat_prompt_ids, make_batch, tiny_model_dir
 from verl_core.testing._rollout import RolloutConformance
 from verl_core.testing._text_models import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 
-__all__ = ["AlgorithmConformance", "BackendConformance", "RolloutConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
+__all__ = ["AlgorithmConformance", "BackendConformance", "EnvironmentConformance", "RolloutConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
            "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir", "ConfigEffect", "EffectHarness",
            "config_effect_batch", "config_field_problems"]
