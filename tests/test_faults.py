@@ -644,8 +644,9 @@ class Case:
 
 CASES = [
     # --- configuration and paths: refused before any model loads, nothing written
-    Case("unknown_key", run_with("algorithm.clip_ratio=0.3"), 2,
-         "algorithm.clip_ratio: unknown key (did you mean 'clip_ratio_c'?)", "nothing", nothing_written),
+    Case("unknown_key", run_with("algorithm.kl=0.1"), 2,
+         "algorithm.kl: unknown key (did you mean one of 'kl_coef', 'kl_estimator', 'kl_in_reward'?)", "nothing",
+         nothing_written),
     Case("unknown_section", run_with("optimizer.lr=1"), 2, "optimizer: unknown section", "nothing", nothing_written),
     Case("wrong_type", run_with("algorithm.kl_coef=abc"), 2, "algorithm.kl_coef: expected a number", "nothing",
          nothing_written),

@@ -135,12 +135,11 @@ def test_a_failing_reward_stops_the_run_with_the_row_or_scores_zero_and_is_count
 def test_a_hanging_reward_is_killed_at_the_time_limit_and_the_rest_is_scored(registry, rewards_file, workers):
     m = manager(registry, name=f"file:{rewards_file}:flaky", on_error="zero", timeout=1.0, workers=workers)
     try:
-        start = time.monotonic()
+        # "hang" loops forever in pure Python: that the call returns at all, with that row counted as a
+        # timeout, shows its worker was killed (no wall-clock bound: a slow machine is not a failure).
         scores, metrics = m.score_texts(["1", "hang", "1", "0"], meta(["1"] * 4, ["src"] * 4))
-        elapsed = time.monotonic() - start
         assert scores.tolist() == [1.0, 0.0, 1.0, 0.0]
         assert metrics["reward/errors"] == 1.0 and metrics["reward/timeouts"] == 1.0
-        assert elapsed < 10, elapsed
         # The replacement worker keeps serving.
         assert m.score_texts(["1"], meta(["1"], ["src"]))[0].tolist() == [1.0]
     finally:
