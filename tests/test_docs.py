@@ -53,3 +53,18 @@ def test_the_guide_names_the_entropy_knob_the_base_config_already_has() -> None:
     defaults = {f.name: f.default for f in fields(PPOFamilyConfig)}
     assert "`entropy_coef` (default 0.0) is already a field of `PPOFamilyConfig`" in GUIDE
     assert defaults["entropy_coef"] == 0.0
+
+
+def test_every_setting_the_environment_guide_names_exists() -> None:
+    """docs/writing-environments.md names settings as `section.key`; each must be a key of the config
+    `verl config show --env tools` resolves (the tools settings are the environment's own)."""
+    from verl_core.config import config_to_dict, resolve_config
+    from verl_core.registry import PluginRegistry
+
+    guide = (ROOT / "docs" / "writing-environments.md").read_text()
+    resolved = config_to_dict(resolve_config({"environment": {"name": "tools"}}, PluginRegistry()))
+    named = set(re.findall(r"`([a-z_]+)\.([a-z_]+)(?: = [^`]*)?`", guide))
+    settings = {(section, key) for section, key in named if section in resolved}
+    assert len(settings) >= 15, settings  # the guide names settings; the pattern still finds them
+    missing = sorted(f"{s}.{k}" for s, k in settings if k not in resolved[s])
+    assert not missing, f"the environment guide names settings that do not exist: {missing}"
