@@ -31,6 +31,7 @@ from typing import Any
 
 from verl_core.checkpoint import MANIFEST, CheckpointError, CheckpointManager, pid_alive
 from verl_core.config import Config, ConfigError, config_to_dict, dump_toml, load_raw_config, resolve_config
+from verl_core.run_model import CRITIC_COPY, MODEL_COPY, stands_for
 
 __all__ = ["RunLock", "RunDirectoryError", "open_run_dir", "resume_conflicts", "check_output_dir",
            "LOCK_FILE", "RESUME_LOG", "CONFIG_FILE"]
@@ -219,8 +220,8 @@ def _trained(key: str, layout: set[str]) -> bool:
     return (key.split(".", 1)[0] in TRAINED_SECTIONS and key not in SAFE_KEYS) or key in TRAINED_KEYS or key in layout
 
 
-def _same(a: Any, b: Any) -> bool:
-    if a == b:
+def _same(a: Any, b: Any, key: str = "", run_dir: Path | None = None) -> bool:
+    if a == b or (run_dir is not None and stands_for(run_dir, key, a, b)):  # the run's copy of its model
         return True
     if isinstance(a, str) and isinstance(b, str) and a and b:  # one local path spelled two ways
         pa, pb = Path(a).expanduser(), Path(b).expanduser()
@@ -248,7 +249,7 @@ def resume_conflicts(saved: dict[str, Any], config: Config, registry: Any) -> tu
         if key in ("run.output_dir", "run.resume") or (saved_cfg is None and (key not in old or key not in new)):
             continue
         a, b = old.get(key), new.get(key)
-        if _same(a, b):
+        if _same(a, b, key, Path(config.run.output_dir)):
             continue
         if _trained(key, layout):
             conflicts.append((key, a, b))
@@ -284,7 +285,7 @@ def _reference_config(run_dir: Path, resume: str) -> Path | None:
 
 #: What a run writes into its directory (loggers included); only these are set aside, never a user's own files.
 RUN_FILES = (CONFIG_FILE, RESUME_LOG, "checkpoints", "metrics.jsonl", "samples", "health.jsonl", "status.json",
-             "tensorboard")
+             "tensorboard", MODEL_COPY, CRITIC_COPY)
 
 
 def _set_aside(run_dir: Path) -> Path | None:

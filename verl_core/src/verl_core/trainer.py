@@ -45,10 +45,11 @@ from verl_core.interfaces import ModelSpec, RewardScorer, Role, WorkerFailedErro
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal, check_weight_sync, guard_limit, sync_rollout_weights
 from verl_core.rundir import RunLock, open_run_dir
+from verl_core.run_model import check_same_model, copied_keys, copy_overrides, write_run_models
 from verl_core.samples import batch_samples, flat_group_fraction, sample_records, spread
 from verl_core.signals import Preempted, StopSignals
 
-__all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX"]
+__all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "copied_keys"]
 
 
 def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
@@ -136,7 +137,8 @@ class Trainer:
         critic_model: an already loaded model the critic starts from, instead of ``config.model.critic_path``
             (see :class:`~verl_core.config.ModelConfig`); only for algorithms with a critic.
 
-    A run given objects records them as ``"<object: ...>"``; resuming it needs them passed again.
+    A run given objects records them as ``"<object: ...>"`` and saves them into its directory
+    (:mod:`verl_core.run_model`), which :meth:`from_checkpoint` loads them from.
 
     Example:
         >>> trainer = Trainer.from_config(overrides=["run.max_steps=5"])  # doctest: +SKIP
@@ -180,16 +182,24 @@ class Trainer:
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, overrides: Sequence[str] = (), *,
                         registry: PluginRegistry | None = None, **kwargs: Any) -> "Trainer":
-        """Continue the run a checkpoint (or run directory) belongs to, with its saved config."""
+        """Continue the run a checkpoint (or run directory) belongs to, with its saved config.
+
+        The models and tokenizer come from the run's own copies (:mod:`verl_core.run_model`) where it has
+        them, so the original model directory (or object) is not needed; ``model=``, ``tokenizer=`` and
+        ``critic_model=`` objects, and ``model.*`` overrides, take their place.
+        """
         ckpt = CheckpointManager.resolve(path)
         run_dir = ckpt.parent.parent
         config_file = run_dir / "config.toml"
         if not config_file.is_file():
             raise CheckpointError(f"{run_dir} has no config.toml next to its checkpoints")
-        overrides = [f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}",
-                     *overrides]
         registry = registry or PluginRegistry()
-        raw = apply_overrides(_without_v1_algorithm_keys(load_raw_config(config_file), registry), overrides)
+        saved = _without_v1_algorithm_keys(load_raw_config(config_file), registry)
+        given = {key for key, argument in (("path", "model"), ("tokenizer", "tokenizer"),
+                                           ("critic_path", "critic_model")) if kwargs.get(argument) is not None}
+        overrides = [*copy_overrides(run_dir, saved.get("model", {}), given=given),
+                     f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}", *overrides]
+        raw = apply_overrides(saved, overrides)
         return cls(resolve_config(raw, registry), registry=registry, **kwargs)
 
     def _with_objects(self, config: Config, *, model: Any, tokenizer: Any, critic: Any) -> Config:
@@ -235,7 +245,12 @@ class Trainer:
             except (OSError, ValueError) as exc:
                 raise ConfigError("model.tokenizer" if cfg.model.tokenizer else "model.path",
                                   f"cannot load a tokenizer from {tok_path!r}: {exc}") from exc
+        # A resume with another model than the directory recorded stops here, from metadata, before weights load.
+        check_same_model(self.run_dir, cfg.run.resume, path=model_path, module=self._model_obj,
+                         tokenizer=self.tokenizer)
         self.run_lock = open_run_dir(cfg, self.registry)  # one run per directory, a resume only of what it holds
+        write_run_models(self.run_dir, cfg.model, model=self._model_obj, tokenizer=self.tokenizer,
+                         critic=self._critic_obj)  # once: resume and export need no model directory
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token_id is None:
                 raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
