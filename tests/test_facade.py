@@ -89,10 +89,13 @@ def test_ppo_from_objects_with_its_own_critic_trains_an_epoch_and_continues_from
     assert shapes["model.embed_tokens.weight"][1] == 32 and shapes["score.weight"] == [1, 32]
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the caller's model untouched
 
-    # Continue from the checkpoint (or the run directory): objects are passed again, epochs count in total.
-    with pytest.raises(ConfigError, match=r"model.path: .*PPOTrainer.from_checkpoint\(.*actor_model=...\)"):
-        PPOTrainer.from_checkpoint(ckpt, tokenizer=tok, critic_model=critic)
+    # The run saved the objects into its directory: the checkpoint path alone rebuilds actor, critic, tokenizer.
+    alone = PPOTrainer.from_checkpoint(ckpt)
+    assert (alone.config.model.path, alone.config.model.critic_path) == (str(run / "model"), str(run / "critic_model"))
+    assert json.loads((run / "critic_model" / "config.json").read_text())["hidden_size"] == 32
+    # Objects passed again are used instead of the copies; epochs count in total.
     again = PPOTrainer.from_checkpoint(ckpt, actor_model=model, critic_model=critic, tokenizer=tok)
+    assert again.config.model.path.startswith("<object: ") and again.config.model.tokenizer.startswith("<object: ")
     again.train(num_epochs=2, resume_from_checkpoint=True)
     assert again.trainer.resumed_from == ckpt and again.trainer.step == 4
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000004"
@@ -100,6 +103,49 @@ def test_ppo_from_objects_with_its_own_critic_trains_an_epoch_and_continues_from
 
     with pytest.raises(ConfigError, match="is a 'ppo' run, not 'grpo'"):
         GRPOTrainer.from_checkpoint(run, actor_model=model, tokenizer=tok)  # a run directory: its latest
+
+
+@pytest.mark.slow
+def test_the_seed_flow_continues_from_the_checkpoint_path_alone_after_the_model_directory_is_deleted(
+        tmp_path, prompts, run_verl) -> None:
+    """Issue 31's "done when": train, delete the model directory, continue from the path alone, export."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl import DataConfig, PPOTrainer
+    from verl_core.testing import tiny_model_dir
+
+    models = tmp_path / "models"
+    model_dir = Path(tiny_model_dir(models))
+    initial = load_file(model_dir / "model.safetensors")
+    template = AutoTokenizer.from_pretrained(model_dir).chat_template
+    run = tmp_path / "run"
+    trainer = PPOTrainer(actor_model=str(model_dir), tokenizer=str(model_dir),
+                         data_config=DataConfig(dataset_name=str(prompts), prompt_column="text", max_prompt_length=40),
+                         learning_rate=1e-4, batch_size=4, reward="arithmetic", output_dir=run,
+                         # An untrained model earns no reward: the entropy bonus is what moves its weights.
+                         overrides=[*QUIET, "algorithm.entropy_coef=0.01"])
+    trainer.train(num_epochs=1)
+    ckpt = run / "checkpoints" / "step_000002"
+    assert trainer.trainer.step == 2 and ckpt.is_dir()
+    config_toml = (run / "config.toml").read_bytes()
+    shutil.rmtree(models)
+
+    again = PPOTrainer.from_checkpoint(ckpt)
+    assert (again.config.model.path, again.config.model.tokenizer) == (str(run / "model"), str(run / "model"))
+    again.train(num_epochs=2, resume_from_checkpoint=True)
+    assert again.trainer.resumed_from == ckpt and again.trainer.step == 4
+    assert (run / "config.toml").read_bytes() == config_toml  # the resume check took model/ for the model
+    (segment,) = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
+    assert segment["checkpoint"] == "step_000002" and not segment["forced"]
+
+    res = run_verl("export", str(run), str(tmp_path / "hf"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template == template
+    trained = exported.state_dict()
+    assert trained.keys() >= initial.keys()
+    assert any(not torch.equal(trained[k], v) for k, v in initial.items())  # step 4's weights, not the start's
 
 
 def _cache_hub_dataset(cache: Path, repo_id: str, rows: list[dict]) -> None:

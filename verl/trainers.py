@@ -35,9 +35,8 @@ Example::
                                                 max_prompt_length=512),
                          learning_rate=1e-6, batch_size=64, kl_coef=0.001, output_dir="runs/x")
     trainer.train(num_epochs=1)
-    # later: a run trained from objects needs them again (a checkpoint holds weights, not classes)
-    trainer = PPOTrainer.from_checkpoint("runs/x/checkpoints/step_000100", actor_model=model,
-                                         critic_model=critic, tokenizer=tok)
+    # later, in another process: the run directory holds the models and tokenizer it started from
+    trainer = PPOTrainer.from_checkpoint("runs/x/checkpoints/step_000100")
     trainer.train(num_epochs=2, resume_from_checkpoint=True)
 """
 
@@ -174,13 +173,15 @@ class _RLTrainer:
                         tokenizer: Any = None, overrides: Sequence[str] = (), registry: Any = None) -> "_RLTrainer":
         """Continue a run: ``path`` is a checkpoint (``.../checkpoints/step_000100``) or a run directory (its latest).
 
-        The run's saved config is used as it is; a model, tokenizer or critic it was given as an object
-        must be passed again (a checkpoint holds their weights, not their classes).
+        The run's saved config is used as it is, and the actor, critic and tokenizer are rebuilt from the
+        run directory's own copies (``model/``, ``critic_model/``: written when the run started, from a
+        directory or an object), so nothing else is needed, not even the original model directory.
+        Objects passed here are used instead of the copies.
         """
         from verl_core.checkpoint import CheckpointManager
         from verl_core.config import ConfigError, load_raw_config
         from verl_core.registry import PluginRegistry
-        from verl_core.trainer import OBJECT_PREFIX
+        from verl_core.trainer import OBJECT_PREFIX, copied_keys
 
         ckpt = CheckpointManager.resolve(path)
         saved = load_raw_config(ckpt.parent.parent / "config.toml")
@@ -190,10 +191,12 @@ class _RLTrainer:
                                                 f"the trainer of its algorithm (or verl.Trainer.from_checkpoint)")
         given = {"path": actor_model, "tokenizer": tokenizer, "critic_path": critic_model}
         arguments = {"path": "actor_model", "tokenizer": "tokenizer", "critic_path": "critic_model"}
+        copied = copied_keys(ckpt.parent.parent, saved.get("model", {}))
         for key, recorded in saved.get("model", {}).items():
-            if isinstance(recorded, str) and recorded.startswith(OBJECT_PREFIX) and given.get(key) is None:
-                raise ConfigError(f"model.{key}", f"the run was given {recorded}, and a checkpoint cannot rebuild an "
-                                                  f"object; pass it again: {cls.__name__}.from_checkpoint("
+            if (isinstance(recorded, str) and recorded.startswith(OBJECT_PREFIX) and given.get(key) is None
+                    and key not in copied):  # a run from before run directories held their models
+                raise ConfigError(f"model.{key}", f"the run was given {recorded}, and its directory holds no copy "
+                                                  f"of it; pass it again: {cls.__name__}.from_checkpoint("
                                                   f"{str(path)!r}, {arguments[key]}=...)")
         self = cls.__new__(cls)
         self._registry = registry or PluginRegistry()
