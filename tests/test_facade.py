@@ -139,6 +139,15 @@ def test_the_seed_flow_continues_from_the_checkpoint_path_alone_after_the_model_
     (segment,) = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
     assert segment["checkpoint"] == "step_000002" and not segment["forced"]
 
+    # The same script run again (its model path now gone) continues from the run's copy.
+    script = PPOTrainer(actor_model=str(model_dir), tokenizer=str(model_dir),
+                        data_config=DataConfig(dataset_name=str(prompts), prompt_column="text", max_prompt_length=40),
+                        learning_rate=1e-4, batch_size=4, reward="arithmetic", output_dir=run,
+                        overrides=[*QUIET, "algorithm.entropy_coef=0.01"])
+    script.train(num_epochs=3)
+    assert script.trainer.resumed_from == run / "checkpoints" / "step_000004" and script.trainer.step == 6
+    assert script.trainer.model_spec.path == str(run / "model")
+
     res = run_verl("export", str(run), str(tmp_path / "hf"))
     assert res.returncode == 0, res.stderr[-2000:]
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")

@@ -97,3 +97,21 @@ def test_a_resume_with_another_model_fails_naming_what_differs_before_weights_lo
 
     with pytest.raises(ConfigError, match=r"tokenizer \(vocabulary or chat template\): hash \w+ -> \w+"):
         check_same_model(run, "auto", path=actor, module=None, tokenizer=OtherTemplate())
+
+
+def test_a_deleted_model_directory_is_replaced_by_the_runs_copy_of_it(tmp_path, models) -> None:
+    import shutil
+
+    from verl_core.run_model import stand_in
+    from verl_core.testing import tiny_model_dir
+
+    _, _, tok = models
+    source = tiny_model_dir(tmp_path / "models")
+    run = tmp_path / "run"
+    run.mkdir()
+    write_run_models(run, _model_section(source), model=None, tokenizer=tok, critic=None)
+    assert stand_in(run, "model.path", source) == source  # still there: used as it is
+    shutil.rmtree(tmp_path / "models")
+    assert stand_in(run, "model.path", source) == str(run / MODEL_COPY)
+    assert stand_in(run, "model.path", str(tmp_path / "never-copied")) == str(tmp_path / "never-copied")
+    assert stand_in(run, "model.critic_path", source) == source  # no critic copy stands for it

@@ -503,7 +503,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         profile = (f"built-in task (the preset of {path} sets {', '.join(applied) or 'nothing you left unset'}; "
                    f"settings you give win)")
     else:
-        max_positions = max_positions if max_positions is not None else _max_positions(path)
+        max_positions = max_positions if max_positions is not None else _max_positions(path, raw.get("run"))
         fitted = fitted_lengths(max_positions)
         raw = _with_model_preset(raw, registry, fitted)
         profile = "own model (each section's defaults" + (
@@ -625,8 +625,13 @@ def fitted_lengths(max_positions: Any) -> dict[str, dict[str, int]]:
     return {"data": {"max_prompt_length": max_positions - new}, "rollout": {"max_new_tokens": new}}
 
 
-def _max_positions(path: str) -> Any:
-    """``max_position_embeddings`` from a local model directory's config.json (None if there is none)."""
+def _max_positions(path: str, run: Any = None) -> Any:
+    """``max_position_embeddings`` from a local model directory's config.json (None if there is none); from
+    the run directory's copy of it when the directory is gone (:func:`verl_core.run_model.stand_in`)."""
+    if isinstance(run, Mapping) and run.get("output_dir"):
+        from verl_core.run_model import stand_in  # not at the top: run_model imports this module
+
+        path = stand_in(Path(str(run["output_dir"])), "model.path", path, note=False)
     try:
         return json.loads((Path(path).expanduser() / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):

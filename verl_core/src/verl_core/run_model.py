@@ -27,7 +27,7 @@ from typing import Any
 from verl_core.config import ConfigError
 
 __all__ = ["MODEL_COPY", "CRITIC_COPY", "write_run_models", "copy_overrides", "copied_keys", "stands_for",
-           "check_same_model", "fingerprint"]
+           "stand_in", "check_same_model", "fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,19 @@ def stands_for(run_dir: Path, key: str, saved: Any, new: Any) -> bool:
             and _record(run_dir, copy).get("sources", {}).get(key) == saved)
 
 
+def stand_in(run_dir: Path, key: str, value: str, *, note: bool = True) -> str:
+    """``value`` (the config entry ``key``), or the run's copy of it when it names a directory that is gone.
+
+    So the same ``verl run`` (or script) run again continues after its model directory was deleted.
+    """
+    copy = run_dir / COPY_OF.get(key.removeprefix("model."), MODEL_COPY)
+    if value and not Path(value).expanduser().exists() and stands_for(run_dir, key, value, str(copy)):
+        if note:
+            logger.warning("%s %r is gone; using the run's copy of it in %s", key, value, copy)
+        return str(copy)
+    return value
+
+
 # ----------------------------------------------------------------------------- the model check
 def _safetensors_shapes(path: Path) -> dict[str, list[int]] | None:
     """Parameter names and shapes from the headers of a directory's ``*.safetensors`` (no weights read)."""
@@ -144,7 +157,8 @@ def tokenizer_hash(tokenizer: Any) -> str | None:
     """A hash of the vocabulary and chat template (not of files: two spellings of one tokenizer hash alike)."""
     if tokenizer is None:
         return None
-    content = {"vocab": sorted(tokenizer.get_vocab().items()), "chat_template": getattr(tokenizer, "chat_template", None)}
+    content = {"vocab": sorted(tokenizer.get_vocab().items()),
+               "chat_template": getattr(tokenizer, "chat_template", None)}
     return hashlib.sha256(json.dumps(content, default=str).encode()).hexdigest()[:16]
 
 
@@ -189,7 +203,8 @@ def check_same_model(run_dir: Path, resume: str, *, path: str, module: Any, toke
     (starting over) or "force" pass.
     """
     saved = _record(run_dir, MODEL_COPY).get("fingerprint")
-    if not saved or resume in ("never", "force") or (path and Path(path).expanduser().resolve() == (run_dir / MODEL_COPY).resolve()):
+    own_copy = bool(path) and Path(path).expanduser().resolve() == (run_dir / MODEL_COPY).resolve()
+    if not saved or resume in ("never", "force") or own_copy:
         return
     try:
         new = fingerprint(path, module, tokenizer)

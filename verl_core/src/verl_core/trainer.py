@@ -45,7 +45,7 @@ from verl_core.interfaces import ModelSpec, RewardScorer, Role, WorkerFailedErro
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal, check_weight_sync, guard_limit, sync_rollout_weights
 from verl_core.rundir import RunLock, open_run_dir
-from verl_core.run_model import check_same_model, copied_keys, copy_overrides, write_run_models
+from verl_core.run_model import check_same_model, copied_keys, copy_overrides, stand_in, write_run_models
 from verl_core.samples import batch_samples, flat_group_fraction, sample_records, spread
 from verl_core.signals import Preempted, StopSignals
 
@@ -232,9 +232,9 @@ class Trainer:
         torch.set_num_threads(threads)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        model_path = (resolve_model_path(cfg.model.path, self.registry) if self._model_obj is None
-                      else (cfg.model.path or ""))
-        tok_path = cfg.model.tokenizer or model_path
+        model_path = (stand_in(self.run_dir, "model.path", resolve_model_path(cfg.model.path, self.registry))
+                      if self._model_obj is None else (cfg.model.path or ""))
+        tok_path = stand_in(self.run_dir, "model.tokenizer", cfg.model.tokenizer) or model_path
         self._check_sources(model_path, tok_path)
         if self.tokenizer is None:
             from transformers import AutoTokenizer
@@ -359,7 +359,7 @@ class Trainer:
                                                    f"leave model.critic_path and critic_model= out, or use one "
                                                    f"with a critic (ppo)")
         if self._critic_obj is None:
-            path = resolve_model_path(path, self.registry)
+            path = stand_in(self.run_dir, "model.critic_path", resolve_model_path(path, self.registry))
             check_model_source(path, "model.critic_path", argument="critic_model")
         return dataclasses.replace(self.model_spec, path=path, module=self._critic_obj)
 
