@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from verl_core.interfaces import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo
+from verl_core.interfaces import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo, dispatch_mode
 
 __all__ = ["LocalExecutor", "LocalWorkerGroup"]
 
@@ -19,13 +19,17 @@ class LocalWorkerGroup(WorkerGroup):
         self.worker = worker
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+        return getattr(self, method)(*args, **kwargs)
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
             raise AttributeError(method)
-        # Direct attribute access keeps context managers and generators working unchanged.
-        return getattr(self.worker, method)
+        # Direct attribute access keeps context managers and generators working unchanged; an "all"
+        # call returns every rank's result, as on any executor: a list of one here.
+        attr = getattr(self.worker, method)
+        if callable(attr) and dispatch_mode(type(self.worker), method) == "all":
+            return lambda *args, **kwargs: [attr(*args, **kwargs)]
+        return attr
 
 
 class LocalExecutor(Executor):

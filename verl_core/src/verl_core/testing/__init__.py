@@ -18,6 +18,7 @@ Suites:
     :class:`BackendConformance`: fixtures ``backend``, ``model_dir``.
     :class:`EnvironmentConformance`: fixtures ``environment`` (a factory), ``task_row``.
     :class:`ScorerConformance`: fixtures ``scorer``, ``cases`` (and ``tokenizer``).
+    :class:`ExecutorConformance`: fixture ``executor``.
 
 Helpers:
     :func:`make_batch`: a small synthetic :class:`~verl_core.batch.Batch`.
@@ -35,6 +36,7 @@ Importing this package needs pytest (it is a test-time dependency, ``verl-core[t
 from verl_core.testing._algorithm import AlgorithmConformance
 from verl_core.testing._backend import BackendConformance
 from verl_core.testing._environment import EnvironmentConformance
+from verl_core.testing._executor import ExecutorConformance
 from verl_core.testing._config_effects import ConfigEffect, EffectHarness, config_effect_batch, config_field_problems
 from verl_core.testing._factories import chat_prompt_ids, make_batch, tiny_model_dir
 from verl_core.testing._rollout import RolloutConformance
@@ -42,6 +44,6 @@ from verl_core.testing._scorer import ScorerConformance
 from verl_core.testing._text_models import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 
 __all__ = ["AlgorithmConformance", "BackendConformance", "EnvironmentConformance", "RolloutConformance",
-           "ScorerConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
+           "ScorerConformance", "ExecutorConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
            "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir", "ConfigEffect", "EffectHarness",
            "config_effect_batch", "config_field_problems"]
