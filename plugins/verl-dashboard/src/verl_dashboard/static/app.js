@@ -101,15 +101,16 @@
 
   // ------------------------------------------------------------------ charts
   function series(key) {
-    // One x axis (steps) for every visible run; null where a run has no value at a step.
-    const visible = state.runs.filter((r) => !state.hidden.has(r.id));
-    const perRun = visible.map((run) => {
+    // One x axis (steps) for every visible run that has the key (no legend row of a run without a point);
+    // null where a run has no value at a step.
+    const visible = [], perRun = [];
+    for (const run of state.runs.filter((r) => !state.hidden.has(r.id))) {
       const byStep = new Map();
       for (const row of state.metrics[run.id].rows) {
         if (typeof row[key] === "number") byStep.set(row.step, row[key]);
       }
-      return byStep;
-    });
+      if (byStep.size) { visible.push(run); perRun.push(byStep); }
+    }
     const steps = [...new Set(perRun.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
     const data = [steps, ...perRun.map((m) => steps.map((s) => (m.has(s) ? m.get(s) : null)))];
     const points = perRun.reduce((n, m) => n + m.size, 0);
@@ -153,6 +154,53 @@
     }
   }
 
+  // ------------------------------------------------------------------ axes
+  // uPlot's defaults print 1e-6 as "0", give a flat series a range far from its value, put ticks at
+  // step 2.5 and fill an idle legend with "--"; a learning-rate chart was unreadable.
+  const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6].map((p) => m * p)).sort((a, b) => a - b);
+
+  function decimals(x) {
+    // Digits after the point in x written out (x >= 1e-6, where JavaScript still writes it out).
+    const frac = String(+x.toPrecision(12)).split(".")[1];
+    return frac ? frac.length : 0;
+  }
+
+  function number(v, step, top) {
+    // One label in the scale of the ticks around it: 1e-6, 0.25, 12k.
+    if (v === 0) return "0";
+    if (top < 1e-3) {
+      const digits = Math.max(0, Math.floor(Math.log10(top)) - Math.floor(Math.log10(step)));
+      return v.toExponential(Math.min(digits, 6)).replace(/\.?0+e/, "e").replace("e+", "e");
+    }
+    if (top >= 1e4) {
+      const [scale, unit] = top >= 1e9 ? [1e9, "G"] : top >= 1e6 ? [1e6, "M"] : [1e3, "k"];
+      return (v / scale).toFixed(Math.min(decimals(step / scale), 6)) + unit;
+    }
+    return v.toFixed(Math.min(decimals(step), 8));
+  }
+
+  function yTicks(u, splits, axisIdx, space, incr) {
+    const top = Math.max(...splits.map(Math.abs));
+    return splits.map((v) => number(v, incr || top, top));
+  }
+
+  function yRange(u, min, max) {
+    if (min == null || !Number.isFinite(min)) return [0, 1];
+    if (max - min <= Math.abs(max) * 1e-9) {  // flat: a tenth of the value either side (0: -1..1)
+      const pad = Math.abs(min) * 0.1 || 1;
+      return [min - pad, max + pad];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
+  const idleLegend = (u) => u.root.classList.toggle("idle", u.legend.idx == null);
+
+  function legendValue(u, v) {
+    // Hovered values at full precision in the same style as the ticks; idle rows are hidden (app.css).
+    if (v == null) return "";
+    return Number.isInteger(v) ? String(v) : number(v, Math.abs(v) / 1e3, Math.abs(v));
+  }
+
   function drawChart(grid, key) {
     const { visible, data, points } = series(key);
     const signature = visible.map((r) => r.id).join(",");
@@ -169,14 +217,26 @@
     const width = Math.max(300, chart.box.clientWidth - 12);
     chart.plot = new uPlot({
       width, height: 190,
-      scales: { x: { time: false } },
-      legend: { show: visible.length > 1 },
-      series: [{ label: "step" }, ...visible.map((r) => ({
-        label: r.id, stroke: colorOf(r.id), width: 1.5, spanGaps: true, points: { size: 4 },
+      scales: { x: { time: false }, y: { range: yRange } },
+      legend: { show: state.runs.length - state.hidden.size > 1 },
+      series: [{ label: "step", value: legendValue }, ...visible.map((r) => ({
+        label: r.id, stroke: colorOf(r.id), width: 1.5, spanGaps: true, points: { size: 4 }, value: legendValue,
       }))],
-      axes: [{ label: "step", size: 36 }, { size: 56 }],
+      axes: [{ label: "step", size: 36, incrs: STEP_INCRS, values: (u, splits) => splits.map(String) },
+        { size: 56, values: yTicks }],
+      hooks: {
+        draw: [(u) => drawn(chart.box, u)],
+        ready: [idleLegend], setLegend: [idleLegend],
+      },
     }, data, chart.box);
     chart.signature = signature;
+  }
+
+  function drawn(box, u) {
+    // What was drawn, for the browser tests (uPlot paints ticks on a canvas; _values are its labels).
+    box.dataset.xTicks = (u.axes[0]._values || []).join("|");
+    box.dataset.yTicks = (u.axes[1]._values || []).join("|");
+    box.dataset.yRange = `${u.scales.y.min}|${u.scales.y.max}`;
   }
 
   window.addEventListener("resize", () => {
