@@ -231,9 +231,20 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
         # The value head sits on the same architecture: token classification with one label. A
         # checkpoint with a one-label score head (a trained critic, a reward model) keeps it.
         hf_config.num_labels = 1
-        module, loading = AutoModelForTokenClassification.from_pretrained(
-            spec.path, config=hf_config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-            output_loading_info=True)
+        with _held_load_report() as held:
+            module, loading = AutoModelForTokenClassification.from_pretrained(
+                spec.path, config=hf_config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+                output_loading_info=True)
+            missing, unexpected = set(loading["missing_keys"]), set(loading["unexpected_keys"])
+            if held and missing <= _VALUE_HEAD_KEYS and unexpected <= _LM_HEAD_KEYS and not loading["mismatched_keys"]:
+                # What a critic built on a causal LM always shows: not a problem, so not transformers' report.
+                # One line at warning level, the only level a run's console shows (bare, as the report was).
+                held.clear()
+                if missing:
+                    logger.warning("critic: a new value head (%s) initialised; the rest loaded from %s",
+                                   ", ".join(sorted(missing)), spec.path)
+                else:
+                    logger.warning("critic: loaded from %s (its lm_head is not used)", spec.path)
         _start_value_head(module, loading["missing_keys"], keep="score.weight" not in loading["missing_keys"])
         return module
     if role is Role.REWARD_MODEL:
@@ -244,6 +255,33 @@ def _load_module(spec: ModelSpec, role: Role) -> torch.nn.Module:
     except ValueError as exc:
         raise ValueError(f"model.path: {spec.path!r} is not a causal language model "
                          f"({hf_config.model_type}): {exc}") from exc
+
+
+_VALUE_HEAD_KEYS = {"score.weight", "score.bias"}  # a critic's head, new when it starts from a causal LM
+_LM_HEAD_KEYS = {"lm_head.weight", "lm_head.bias"}  # a causal LM's head, which a critic does not use
+
+
+@contextlib.contextmanager
+def _held_load_report() -> Iterator[list[logging.LogRecord]]:
+    """Holds back transformers' LOAD REPORT of the loads inside; what is left in the list is logged on exit.
+
+    The caller clears the list when the report only says what is expected (a critic's new value head)."""
+    hf_logger = logging.getLogger("transformers.modeling_utils")
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in record.getMessage():
+            held.append(record)
+            return False
+        return True
+
+    hf_logger.addFilter(hold)
+    try:
+        yield held
+    finally:
+        hf_logger.removeFilter(hold)
+        for record in held:  # unexpected keys, mismatches, a failed load: shown as transformers wrote them
+            hf_logger.handle(record)
 
 
 def _has_value_head(module: torch.nn.Module) -> bool:
