@@ -40,7 +40,7 @@ def test_int_is_accepted_for_float(registry):
 
 
 @pytest.mark.parametrize("raw,path,fragment", [
-    ({"algorithm": {"clip_ratio": 0.3}}, "algorithm.clip_ratio", "did you mean"),
+    ({"algorithm": {"kl": 0.1}}, "algorithm.kl", "did you mean"),
     ({"rollot": {}}, "rollot", "did you mean 'rollout'"),
     ({"run": {"max_steps": "ten"}}, "run.max_steps", "expected an integer"),
     ({"run": {"val_before_train": 1}}, "run.val_before_train", "expected true or false"),

@@ -32,6 +32,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from verl_core.interfaces import ConfigError  # defined with the contracts: plugins raise it too
+
 __all__ = [
     "Config",
     "ConfigError",
@@ -54,14 +56,6 @@ __all__ = [
     "field_docs",
     "KEY_ALIASES",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration the run cannot start with; ``path`` is the dotted key at fault."""
-
-    def __init__(self, path: str, message: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {message}" if path else message)
 
 
 @dataclass

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from verl_core.batch import Batch
 
 __all__ = [
+    "ConfigError",
     "Role",
     "ModelSpec",
     "WorldInfo",
@@ -212,6 +213,15 @@ class AlgorithmLoss:
 
     def units(self, batch: Batch) -> float:
         return float(self.algorithm.loss_units(batch))
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; ``path`` is the dotted key at fault (also
+    ``verl_core.config.ConfigError``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -1050,6 +1060,13 @@ class Executor(abc.ABC):
         dispatches ``generate`` and ``load_weights`` to them.
         """
         return engine(config=config, model=model, tokenizer=tokenizer, actor=actor)
+
+    @classmethod
+    def is_controller(cls, config: ExecutorConfig) -> bool:
+        """Whether this process drives the run: holds its directory's lock and writes it. A launcher
+        that starts the same script on every rank (torchrun) answers False on the ranks that only serve
+        the controller's calls; the default, one controller that starts its workers, True."""
+        return True
 
     @classmethod
     def trainer_mode_problem(cls, config: ExecutorConfig, mode: str) -> str | None:

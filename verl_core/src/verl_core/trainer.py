@@ -245,12 +245,13 @@ class Trainer:
             except (OSError, ValueError) as exc:
                 raise ConfigError("model.tokenizer" if cfg.model.tokenizer else "model.path",
                                   f"cannot load a tokenizer from {tok_path!r}: {exc}") from exc
-        # A resume with another model than the directory recorded stops here, from metadata, before weights load.
-        check_same_model(self.run_dir, cfg.run.resume, path=model_path, module=self._model_obj,
-                         tokenizer=self.tokenizer)
-        self.run_lock = open_run_dir(cfg, self.registry)  # one run per directory, a resume only of what it holds
-        write_run_models(self.run_dir, cfg.model, model=self._model_obj, tokenizer=self.tokenizer,
-                         critic=self._critic_obj)  # once: resume and export need no model directory
+        if self.registry.load("executor", cfg.executor.name).is_controller(cfg.executor.config):
+            # A resume with another model than the directory recorded stops here, from metadata, before weights load.
+            check_same_model(self.run_dir, cfg.run.resume, path=model_path, module=self._model_obj,
+                             tokenizer=self.tokenizer)
+            self.run_lock = open_run_dir(cfg, self.registry)  # one run per directory, a resume only of what it holds
+            write_run_models(self.run_dir, cfg.model, model=self._model_obj, tokenizer=self.tokenizer,
+                             critic=self._critic_obj)  # once: resume and export need no model directory
         if self.tokenizer.pad_token_id is None:
             if self.tokenizer.eos_token_id is None:
                 raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
@@ -555,7 +556,8 @@ class Trainer:
         try:
             with StopSignals(self.config.run.save_on_signal) as stop:
                 self.setup()
-                self.run_lock.acquire()  # again, when an earlier train() of this trainer released it
+                if self.run_lock is not None:  # None on a rank that only serves the controller
+                    self.run_lock.acquire()  # again, when an earlier train() of this trainer released it
                 stop.install()  # again: ray.init, during set-up, installs a SIGTERM handler of its own
                 return self._train(stop)
         finally:

@@ -408,6 +408,11 @@ class TorchrunExecutor(Executor):
     and exits (``SystemExit(0)``) when rank 0's interpreter exits.
     """
 
+    @classmethod
+    def is_controller(cls, config: ExecutorConfig) -> bool:
+        """Rank 0 drives the run (its directory, its lock); the other ranks serve its calls."""
+        return int(os.environ.get("RANK", "0")) == 0
+
     Config = TorchrunExecutorConfig
 
     def __init__(self, config: TorchrunExecutorConfig) -> None:
