@@ -27,6 +27,10 @@ def _catalogue(tmp: Path, model: str) -> dict[str, list[str]]:
     held = tmp / "held"
     held.mkdir()
     (held / "config.toml").write_text(f'[model]\npath = "{model}"\n[algorithm]\nname = "ppo"\n')
+    # A checkpoint: a directory that holds only the config of a run that never saved one starts over.
+    (held / "checkpoints" / "step_000001").mkdir(parents=True)
+    (held / "checkpoints" / "step_000001" / "manifest.json").write_text("{}")
+    (held / "checkpoints" / "latest").write_text("step_000001")
     base = ["--model", model, "--data", str(data), "reward.name=\"exact_match\"", "data.batch_size=2"]
     return {
         "algorithm typo": [*base, "--algo", "gpro"],

@@ -62,7 +62,7 @@ def test_a_model_object_is_recorded_and_its_own_defaults_replace_the_builtin_pre
 
 
 @pytest.mark.slow
-def test_a_run_from_objects_records_them_and_resuming_asks_for_them_again(tmp_path, actor) -> None:
+def test_a_run_from_objects_records_them_and_resumes_from_its_own_copy(tmp_path, actor) -> None:
     model, tok, _ = actor
     registry = PluginRegistry()
     run = tmp_path / "run"
@@ -71,16 +71,15 @@ def test_a_run_from_objects_records_them_and_resuming_asks_for_them_again(tmp_pa
     assert f'path = "{source}"' in (run / "config.toml").read_text()
     manifest = json.loads((run / "checkpoints" / "step_000001" / "manifest.json").read_text())
     assert manifest["info"]["model"] == source
-    # Without the objects: refused before anything loads, saying what to pass.
+    # Without the objects: the run's copy of them (written with save_pretrained when it started, #31).
     again = Trainer.from_checkpoint(run, ["run.max_steps=2"], registry=registry)
-    with pytest.raises(ConfigError, match=r"model.path: the run was given <object: Qwen2ForCausalLM .*pass it "
-                                          r"again: Trainer.from_checkpoint\(run_dir, model=...\)"):
-        again.setup()
-    with pytest.raises(ConfigError, match=r"model.tokenizer: .*tokenizer=..."):
-        Trainer.from_checkpoint(run, ["run.max_steps=2"], registry=registry, model=model).setup()
-    resumed = Trainer.from_checkpoint(run, ["run.max_steps=2"], registry=registry, model=model, tokenizer=tok)
+    again.train()
+    assert again.resumed_from.name == "step_000001" and again.step == 2
+    assert again.model_spec.path == str(run / "model")
+    # Objects passed again still win over the copy.
+    resumed = Trainer.from_checkpoint(run, ["run.max_steps=3"], registry=registry, model=model, tokenizer=tok)
     resumed.train()
-    assert resumed.resumed_from.name == "step_000001" and resumed.step == 2
+    assert resumed.resumed_from.name == "step_000002" and resumed.step == 3 and resumed.model_spec.module is model
 
 
 def _critic_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -122,9 +121,14 @@ def test_the_critic_starts_from_its_own_weights(tmp_path, actor) -> None:
     assert trainer.config.model.critic_path.startswith("<object: Qwen2ForCausalLM")
     manifest = json.loads((tmp_path / "run" / "checkpoints" / "step_000001" / "manifest.json").read_text())
     assert manifest["info"]["critic"] == trainer.config.model.critic_path
-    with pytest.raises(ConfigError, match=r"model.critic_path: .*critic_model=..."):
-        Trainer.from_checkpoint(tmp_path / "run", ["run.max_steps=2"], registry=registry, model=model,
-                                tokenizer=tok).setup()
+    # Resumed without the critic object: from the run's copy of it (#31).
+    resumed = Trainer.from_checkpoint(tmp_path / "run", ["run.max_steps=2"], registry=registry, model=model,
+                                      tokenizer=tok)
+    resumed.setup()
+    try:
+        assert resumed.critic_spec.path == str(tmp_path / "run" / "critic_model")
+    finally:
+        resumed.executor.shutdown()
 
 
 def test_a_critic_for_an_algorithm_without_one_is_refused(tmp_path, actor) -> None:

@@ -36,8 +36,7 @@ from verl_core.boundary import check_advantages
 from verl_core.interfaces import Algorithm, AlgorithmLoss, RolloutRequest
 from verl_core.step_context import StepContext
 
-__all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "old_log_probs_reusable",
-           "DetachedOldLogProbs"]
+__all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "old_log_probs_reusable"]
 
 # Pseudo-field every node reads; a node that writes it (generation, filtering) replaces the whole
 # batch and so acts as a barrier.

@@ -254,27 +254,13 @@ class _Capture(logging.Handler):
 
 def _check_run_dir(cfg: Config, registry: Any, check_output_dir: Callable[[Path], None]) -> None:
     """The run directory's checks of :func:`verl_core.rundir.open_run_dir`, writing nothing."""
-    from verl_core.config import load_raw_config
-    from verl_core.rundir import SUPERSEDED_PREFIX, RunDirectoryError, _reference_config, resume_conflicts
+    from verl_core.rundir import refused_resume
 
     run_dir = Path(cfg.run.output_dir)
     check_output_dir(run_dir)
-    resume = cfg.run.resume
-    reference = None if resume == "never" else _reference_config(run_dir, resume)
-    if reference is None or resume == "force":
-        return
-    conflicts, _ = resume_conflicts(load_raw_config(reference), cfg, registry)
-    if conflicts:
-        listed = "".join(f"\n  {k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts)
-        raise RunDirectoryError("", f"{run_dir} holds a run trained with other settings (its {reference.name}); "
-                                    f"resuming it with these would train something else:{listed}\nNothing was "
-                                    f"changed. Resume it with its own settings, give this run a new --output-dir, "
-                                    f"start over in it with --resume never (the earlier files are moved to "
-                                    f"{SUPERSEDED_PREFIX}<time>/), or resume anyway with run.resume=\"force\"")
-
-
-def _value(v: Any) -> str:
-    return "(unset)" if v is None else json.dumps(v, default=str)
+    problem = refused_resume(run_dir, cfg, registry)
+    if problem is not None:
+        raise problem
 
 
 def _model_config(model_path: str) -> dict[str, Any]:

@@ -304,6 +304,35 @@ def _set_aside(run_dir: Path) -> Path | None:
     return target
 
 
+def _starts_over(run_dir: Path, resume: str, reference: Path) -> bool:
+    """A resume of a directory whose run wrote its config but no checkpoint: there is nothing to resume."""
+    if resume != "auto" or reference != run_dir / CONFIG_FILE:
+        return False
+    try:
+        return CheckpointManager(run_dir).latest() is None
+    except CheckpointError:
+        return False  # a checkpoint is there, if unreadable: the resume names the problem
+
+
+def _refusal(run_dir: Path, reference: Path, conflicts: list[tuple[str, Any, Any]]) -> RunDirectoryError:
+    listed = "".join(f"\n  {k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts)
+    return RunDirectoryError("", f"{run_dir} holds a run trained with other settings (its {reference.name}); "
+                                 f"resuming it with these would train something else:{listed}\nNothing was "
+                                 f"changed. Resume it with its own settings, give this run a new --output-dir, "
+                                 f"start over in it with --resume never (the earlier files are moved to "
+                                 f"{SUPERSEDED_PREFIX}<time>/), or resume anyway with run.resume=\"force\"")
+
+
+def refused_resume(run_dir: Path, config: Config, registry: Any) -> RunDirectoryError | None:
+    """The error :func:`record_config` would stop this run with, found without writing anything (the dry run)."""
+    resume = config.run.resume
+    reference = None if resume in ("never", "force") else _reference_config(run_dir, resume)
+    if reference is None:
+        return None
+    conflicts, _ = resume_conflicts(load_raw_config(reference), config, registry)
+    return _refusal(run_dir, reference, conflicts) if conflicts and not _starts_over(run_dir, resume, reference) else None
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text)
@@ -325,13 +354,16 @@ def record_config(run_dir: Path, config: Config, registry: Any) -> None:
         _write_atomic(run_dir / CONFIG_FILE, text)
         return
     conflicts, safe = resume_conflicts(load_raw_config(reference), config, registry)
+    if conflicts and _starts_over(run_dir, resume, reference):
+        # The earlier run stopped before its first checkpoint (often at a config error during set-up):
+        # nothing was trained that these settings could mix with. Start over, keeping its files aside.
+        aside = _set_aside(run_dir)
+        logger.warning("%s held a run with other settings but no checkpoint; its files were moved to %s and this "
+                       "run starts over", run_dir, aside.name if aside is not None else "(none)")
+        _write_atomic(run_dir / CONFIG_FILE, text)
+        return
     if conflicts and resume != "force":
-        listed = "".join(f"\n  {k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts)
-        raise RunDirectoryError("", f"{run_dir} holds a run trained with other settings (its {reference.name}); "
-                                    f"resuming it with these would train something else:{listed}\nNothing was "
-                                    f"changed. Resume it with its own settings, give this run a new --output-dir, "
-                                    f"start over in it with --resume never (the earlier files are moved to "
-                                    f"{SUPERSEDED_PREFIX}<time>/), or resume anyway with run.resume=\"force\"")
+        raise _refusal(run_dir, reference, conflicts)
     if conflicts:
         logger.warning("run.resume='force': resuming %s with settings that change what is trained: %s", run_dir,
                        "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts))
