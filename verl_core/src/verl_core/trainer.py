@@ -382,14 +382,21 @@ class Trainer:
         if problem:
             raise ConfigError("trainer.mode", problem)
 
+    def _model_config(self) -> dict[str, Any] | None:
+        """The policy model's Hugging Face config as a dict (of the object, else its config.json); None unknown."""
+        module = self.model_spec.module
+        try:
+            return (module.config.to_dict() if module is not None else
+                    json.loads((Path(self.model_spec.path) / "config.json").read_text()))
+        except (OSError, ValueError, AttributeError):
+            return None
+
     def _boundary(self) -> Boundary:
         """The checks on what this run's plugins return, with their names (one per rollout engine)."""
         cfg, label = self.config, functools.partial(plugin_label, self.registry)
         vocab = len(self.tokenizer)
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            module = self.model_spec.module
-            config = (module.config.to_dict() if module is not None else
-                      json.loads((Path(self.model_spec.path) / "config.json").read_text()))
+        config = self._model_config() or {}
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
             # A model may have more embedding rows than its tokenizer has tokens (Qwen: 151,936 and 151,665).
             vocab = max(vocab, int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0))
         return Boundary(rollout=label("rollout", cfg.rollout.name), scorer=label("scorer", cfg.reward.name),
@@ -402,11 +409,8 @@ class Trainer:
         the old log-probs, which the actor computes (not the engine), and no dropout makes two forwards differ."""
         if not self.dataflow.old_log_probs_only_for_update:
             return False
-        module = self.model_spec.module
-        try:
-            model_config = (module.config.to_dict() if module is not None else
-                            json.loads((Path(self.model_spec.path) / "config.json").read_text()))
-        except (OSError, ValueError, AttributeError):
+        model_config = self._model_config()
+        if model_config is None:
             return False  # unknown dropout: keep the forward
         settings = {**model_config, **dataclasses.asdict(self.config.backend.config)}
         return not any(isinstance(v, (int, float)) and v > 0 for k, v in settings.items()
