@@ -14,7 +14,8 @@ import contextlib
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import (Any, Awaitable, Callable, ClassVar, Iterable, Iterator, Literal, Mapping, Protocol, Sequence,
+                    runtime_checkable)
 
 from typing import TYPE_CHECKING
 
@@ -800,6 +801,13 @@ class Algorithm(abc.ABC):
         over samples (or over pairs of two samples each).
         """
         return float(len(batch))
+
+    def step_metrics(self, batch: Batch, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Figures of the algorithm's own, logged with the step's ``metrics`` (a KL, say); none by default.
+
+        Called once per step after the dataflow ran, with the step's batch and its metrics so far.
+        """
+        return {}
 
 
 # ----------------------------------------------------------------------------- rewards

@@ -73,9 +73,10 @@ class ConsoleLogger:
         if done > 0 and self._progress is None:
             eta = (time.perf_counter() - self._start) / done * (self._max_steps - step)
             parts.append(f"eta {eta:.0f}s")
-        self._print(" | ".join(parts))
-        if self._progress is not None:  # the bar keeps the latest figures in view
+        if self._progress is not None:  # the bar keeps the latest figures in view; updated before the print
+            # so that the redraw that comes with the print shows this step (a fast step can beat the refresh tick)
             self._progress.update(self._task, completed=step, figures=" | ".join(parts[1:]))
+        self._print(" | ".join(parts))
 
     @hookimpl
     def verl_validation_start(self, step: int, samples: int) -> None:

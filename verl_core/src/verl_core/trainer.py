@@ -736,12 +736,7 @@ class Trainer:
         if self.config.run.train_samples:
             self.hooks.hook.verl_samples(step=self.step, split="train", samples=batch_samples(
                 b, self.tokenizer, step=self.step, limit=self.config.run.train_samples))
-        m.setdefault("ppo/kl_divergence", m.get("ppo/approx_kl", 0.0))
-        if b.ref_log_probs is not None and b.old_log_probs is not None:
-            from verl_core.algorithms.functional import kl_penalty, masked_mean
-
-            m["actor/ref_kl"] = float(masked_mean(kl_penalty(b.old_log_probs, b.ref_log_probs, "k3"),
-                                                  b.response_mask))
+        m.update(self.algorithm.step_metrics(b, m))  # its KL figures, say
         tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
         n_samples = len(prompts) * sampling.n
         m.update({

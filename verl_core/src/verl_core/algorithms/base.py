@@ -11,7 +11,7 @@ so an algorithm of this family is its config, its ``compute_advantages`` and, wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, get_args
+from typing import ClassVar, Mapping, get_args
 
 import torch
 
@@ -135,6 +135,15 @@ class PolicyGradient(Algorithm):
     def loss_units(self, batch: Batch) -> float:
         """Loss tokens for ``token-mean``, sequences for the ``seq-mean-*`` modes (policy and value loss)."""
         return F.agg_units(batch.response_mask, self.config.loss_agg_mode)
+
+    def step_metrics(self, batch: Batch, metrics: Mapping[str, float]) -> dict[str, float]:
+        """``ppo/kl_divergence`` (the policy's drift from the old log-probs unless a KL term reports one) and,
+        with a reference, ``actor/ref_kl``: the k3 KL of the old log-probs to the reference's."""
+        out = {"ppo/kl_divergence": metrics.get("ppo/kl_divergence", metrics.get("ppo/approx_kl", 0.0))}
+        if batch.ref_log_probs is not None and batch.old_log_probs is not None:
+            out["actor/ref_kl"] = float(F.masked_mean(F.kl_penalty(batch.old_log_probs, batch.ref_log_probs, "k3"),
+                                                      batch.response_mask))
+        return out
 
     def policy_loss(self, *, batch: Batch, log_probs: torch.Tensor | None = None,
                     entropy: torch.Tensor | None = None, values: torch.Tensor | None = None,
