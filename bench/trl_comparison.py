@@ -259,8 +259,8 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
                       f"rollout.max_model_len={PROMPT_TOKENS + max_new_tokens}"]
     trainer = Trainer.from_config(overrides=overrides + list(extra_overrides))
     trainer.setup()
-    if trainer.producer is not None:
-        trainer._start_producer()
+    overlapped = hasattr(trainer.source, "producer")  # trainer.mode colocate_async (verl-trainer-async)
+    trainer.source.start()
     records = []
     origin = last = time.perf_counter()
     try:
@@ -274,14 +274,14 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
                       "sync": m.get("timing/sync_weights", 0.0), "reward_seconds": m.get("timing/reward", 0.0),
                       "model_seconds": sum(m.get(k, 0.0) for k in MODEL_TIMINGS),
                       "trained_from": [last - origin, now - origin]}
-            if trainer.producer is not None:
-                item = trainer._trained
+            if overlapped:
+                item = trainer.source.trained
                 record.update(wait=m["async/wait_for_batch_s"], staleness=m["async/staleness"],
                               generated_from=[item.started - origin, item.finished - origin])
             records.append(record)
             last = now
     finally:
-        trainer._close_producer()
+        trainer._close_source()
         trainer.executor.shutdown()
         trainer.reward.close()
     return records

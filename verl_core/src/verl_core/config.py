@@ -42,8 +42,6 @@ __all__ = [
     "RunConfig",
     "ModelConfig",
     "DataConfig",
-    "TrainerConfig",
-    "TRAINER_MODES",
     "PluginSection",
     "ConfigSection",
     "CORE_SECTIONS",
@@ -232,63 +230,6 @@ class DataConfig:
             raise ConfigError("max_prompt_length", "must be at least 1 token")
 
 
-#: ``trainer.mode`` values: one step after the other, or generation of the next step overlapping training.
-TRAINER_MODES = ("sync", "colocate_async", "separate_async")
-PRODUCER_PLACES = ("process", "thread")
-
-
-@dataclass
-class TrainerConfig:
-    """How generation and training are scheduled (issue 19).
-
-    Attributes:
-        mode: ``"sync"`` (generate, then train, every step; the default), ``"colocate_async"`` (a
-            producer, ``trainer.producer``, generates step N+1 on its own copy of the weights while
-            step N trains; ``run.threads`` is split between the two) or ``"separate_async"`` (the same
-            producer drives a rollout pool of its own on a multi-process executor: ``executor.name='ray'``
-            with ``executor.placement={rollout='gen'}``). A replay buffer sits between producer and trainer.
-        max_staleness: how many weight versions a sample may lag the policy it trains (1: one-step
-            off-policy; 0: always the current policy, no overlap). Sample staleness is reported in
-            ``async/staleness_*`` metrics; the algorithm's importance-sampling correction
-            (``algorithm.rollout_is_cap``, 2.0 by default when ``max_staleness > 0`` in the overlapping
-            modes, ``ASYNC_ROLLOUT_IS_CAP``) weighs stale samples.
-        on_stale: ``"wait"`` (the producer waits for new enough weights before it generates: nothing
-            is ever over the bound) or ``"drop"`` (the producer never waits for weights; batches over the
-            bound are thrown away and counted in ``async/dropped_samples``).
-        producer: where ``colocate_async``'s producer runs an engine that generates inside the trainer's
-            process (the ``hf`` rollout): ``"process"`` (the default: a child process with an engine of its
-            own and ``producer_threads`` torch threads, weights synced through shared memory; the trainer
-            keeps all of ``run.threads``, the cores are time-shared while both run) or ``"thread"`` (a thread of the trainer's process; both sides
-            then share its interpreter lock and its one torch thread pool, ``producer_threads`` threads each).
-            Engines that already generate in processes of their own (``vllm``, ``sglang``) are used as they are.
-        producer_threads: torch threads of the producer in ``colocate_async`` (0: half of ``run.threads``,
-            at least one).
-    """
-
-    mode: str = "sync"
-    max_staleness: int = 1
-    on_stale: str = "wait"
-    producer: str = "process"
-    producer_threads: int = 0
-
-    def validate(self) -> None:
-        if self.mode not in TRAINER_MODES:
-            raise ConfigError("mode", f"must be one of {list(TRAINER_MODES)}, got {self.mode!r}")
-        if self.max_staleness < 0:
-            raise ConfigError("max_staleness", f"must be >= 0 weight versions (0: on-policy, 1: one-step "
-                                               f"off-policy), got {self.max_staleness}")
-        if self.on_stale not in ("wait", "drop"):
-            raise ConfigError("on_stale", f"must be 'wait' or 'drop', got {self.on_stale!r}")
-        if self.producer not in PRODUCER_PLACES:
-            raise ConfigError("producer", f"must be one of {list(PRODUCER_PLACES)}, got {self.producer!r}")
-        if self.producer_threads < 0:
-            raise ConfigError("producer_threads", "must be >= 0 (0: half of run.threads)")
-
-    @property
-    def is_async(self) -> bool:
-        return self.mode != "sync"
-
-
 @dataclass
 class PluginSection:
     """A section owned by the selected plugin: its name and its typed settings (``""``: none selected)."""
@@ -340,8 +281,9 @@ CORE_SECTIONS: dict[str, ConfigSection] = {
     "executor": ConfigSection(plugin_kind="executor", default="local"),
     # [environment]: a multi-turn environment plugin and its settings (none by default).
     "environment": ConfigSection(plugin_kind="environment", default=""),
-    # [trainer]: how generation and training are scheduled (sync, or overlapping: issue 19).
-    "trainer": ConfigSection(schema=TrainerConfig),
+    # [trainer]: where each step's batch comes from, the step source trainer.mode names (sync; the overlapping
+    # modes of verl-trainer-async, issue 19).
+    "trainer": ConfigSection(plugin_kind="step_source", default="sync", key="mode"),
 }
 
 
@@ -388,7 +330,7 @@ class Config:
     run: RunConfig
     model: ModelConfig
     data: DataConfig
-    trainer: TrainerConfig
+    trainer: PluginSection
     reward: PluginSection
     backend: PluginSection
     rollout: PluginSection
@@ -503,8 +445,8 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         profile = "own model (each section's defaults" + (
             f"; data.max_prompt_length and rollout.max_new_tokens fitted to its max_position_embeddings="
             f"{max_positions})" if fitted else "; no builtin: model preset)")
-    raw, async_default = _with_async_defaults(raw, registry, sections)
-    profile += async_default + _steps_note(user)
+    raw, source_default = _with_source_defaults(raw, registry)
+    profile += source_default + _steps_note(user)
     for section, value in raw.items():
         if section not in known:
             raise ConfigError(section, f"unknown section{_suggest(section, known)}; sections are {known}")
@@ -541,32 +483,21 @@ def _steps_note(user: Mapping[str, Any]) -> str:
             f"run.max_steps={run['max_steps']!r} is not used (set run.epochs=0 to count steps instead)")
 
 
-#: The truncated importance-sampling cap the overlapping trainer modes weigh stale samples with, unless the
-#: algorithm section sets ``rollout_is_cap`` (0 turns it off). Measured in bench/results/async_curves.md: without
-#: it, one-step off-policy GRPO on the built-in task ended 9 points below sync over 3 seeds; with it, level.
-ASYNC_ROLLOUT_IS_CAP = 2.0
-
-
-def _with_async_defaults(raw: Mapping[str, Any], registry: Any, sections: Mapping[str, Any],
-                         ) -> tuple[Mapping[str, Any], str]:
-    """In an overlapping trainer mode with stale samples allowed, the algorithm's importance-sampling
-    correction is on (``ASYNC_ROLLOUT_IS_CAP``) unless the user set it, or reuses the rollout's log-probs."""
+def _with_source_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[Mapping[str, Any], str]:
+    """Layer what the step source ``trainer.mode`` names recommends for other sections under the user's
+    settings (:meth:`~verl_core.contracts.StepSource.defaults`), with its note for the profile."""
     trainer = raw.get("trainer") if isinstance(raw.get("trainer"), Mapping) else {}
-    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
-    try:
-        stale = trainer.get("mode", TrainerConfig.mode) != "sync" and int(trainer.get("max_staleness", 1)) > 0
-    except (TypeError, ValueError):  # the trainer section's own check names the bad value
-        return raw, ""
-    if not stale or "rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True:
-        return raw, ""
-    name = algorithm.get("name", sections["algorithm"].default)
-    config_cls = getattr(registry.load("algorithm", name), "Config", None) if isinstance(name, str) else None
-    if config_cls is None or "rollout_is_cap" not in {f.name for f in dataclasses.fields(config_cls)}:
+    mode = trainer.get("mode", CORE_SECTIONS["trainer"].default)
+    if not isinstance(mode, str) or not mode:
+        return raw, ""  # the section's own check names the bad value
+    recommended, note = registry.load("step_source", mode).defaults(raw, registry)
+    if not recommended:
         return raw, ""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
-    out["algorithm"] = {**algorithm, "rollout_is_cap": ASYNC_ROLLOUT_IS_CAP}
-    return out, (f"; trainer.mode={trainer.get('mode')!r} sets algorithm.rollout_is_cap={ASYNC_ROLLOUT_IS_CAP} "
-                 f"(truncated importance weights for stale samples; algorithm.rollout_is_cap=0 turns them off)")
+    for section, values in recommended.items():
+        current = out.get(section, {})
+        out[section] = {**values, **current} if isinstance(current, Mapping) else current
+    return out, note
 
 
 def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str, Any]:

@@ -222,7 +222,7 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     builder = DataflowBuilder()
     algorithm.build_dataflow(builder)
     trainer.dataflow = builder.build()
-    trainer._check_trainer_mode(needs)
+    trainer._check_step_source(needs)
     reused = trainer._old_log_probs_reusable()
     trainer._boundary()
     build_plugin_manager(registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)

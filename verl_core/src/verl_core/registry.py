@@ -63,7 +63,7 @@ KINDS: dict[str, str] = {
     "backend": "verl.backends", "rollout": "verl.rollouts", "algorithm": "verl.algorithms", "reward": "verl.rewards",
     "environment": "verl.environments", "executor": "verl.executors", "logger": "verl.loggers", "hook": "verl.hooks",
     "model": "verl.models", "dataset": "verl.datasets", "command": "verl.commands",
-    "config_section": "verl.config_sections", "scorer": "verl.scorers",
+    "config_section": "verl.config_sections", "scorer": "verl.scorers", "step_source": "verl.step_sources",
 }
 
 #: Entry-point group in which a distribution declares the plugin API it targets.
@@ -83,13 +83,16 @@ SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({2})
 KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-backend-fsdp": {"backend": ("fsdp",)},
     "verl-backend-megatron": {"backend": ("megatron",)},
+    "verl-rollout-hf": {"rollout": ("hf",)},
     "verl-rollout-vllm": {"rollout": ("vllm", "openai")},
     "verl-rollout-sglang": {"rollout": ("sglang",)},
     "verl-executor-ray": {"executor": ("ray",)},
     "verl-executor-torchrun": {"executor": ("torchrun",)},
     "verl-env-tools": {"environment": ("tools",), "model": ("tiny-qwen2-tools",), "dataset": ("tool-arithmetic",),
                        "reward": ("tool_arithmetic",)},
+    "verl-algorithms": {"algorithm": ("grpo", "ppo")},
     "verl-algo-contrib": {"algorithm": "*"},
+    "verl-trainer-async": {"step_source": ("colocate_async", "separate_async")},
     "verl-task-arithmetic": {"model": ("tiny-qwen2-addition",), "dataset": ("addition",),
                              "reward": ("arithmetic",), "environment": ("arithmetic",)},
     "verl-reward-rules": {"reward": ("gsm8k", "math", "exact_match")},

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
-from verl_core.algorithms.functional import scores_to_token_rewards
+from verl_core.batch import scores_to_token_rewards
 from verl_core.batch import Batch
 from verl_core.boundary import check_scores, finite_rows
 from verl_core.interfaces import PromptIds, RolloutRequest
@@ -71,7 +71,7 @@ def run(ctx: "StepContext", request: RolloutRequest) -> Batch:
 def produce(ctx: "StepContext", request: RolloutRequest) -> Batch:
     """Steps 1-4 (generate, score, filter and resample, greedy baseline) on ``ctx.rollout``.
 
-    The overlapping trainer modes' producer calls this on its own engine (:mod:`verl_core.async_rollout`),
+    The overlapping trainer modes' producer calls this on its own engine (verl-trainer-async),
     the synchronous step through :func:`run`.
     """
     if request.max_extra_rounds < 0:

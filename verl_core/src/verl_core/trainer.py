@@ -8,7 +8,6 @@ hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import json
@@ -22,8 +21,6 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.agent_loop import ENV_REWARDS, run_episodes
-from verl_core.async_rollout import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
-                                     snapshot_weights, with_version)
 from verl_core.boundary import Boundary, check_scores, finite_rows, plugin_label
 from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
 from verl_core.config import (
@@ -35,6 +32,7 @@ from verl_core.config import (
     load_raw_config,
     resolve_config,
 )
+from verl_core.contracts import StepSource
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
 from verl_core.data import HUB_ID, PromptSampler, build_datasets, check_data_source
 from verl_core.multimodal import load_processor
@@ -162,13 +160,11 @@ class Trainer:
         self.restarts = 0
         self.failed_saves = 0
         self._checkpoint: tuple[int, Path] | None = None  # (step, path) of the checkpoint a restart goes back to
-        #: The overlapping modes' producer (trainer.mode); None in sync mode.
-        self.producer: RolloutProducer | None = None
+        #: Where each step's prompts or batch come from (the ``trainer.mode`` plugin); built with the workers.
+        self.source: StepSource | None = None
         self.reuse_update_log_probs = False
         self._drawn: list[int] = []  # the training prompts of the step (their indices)
-        self._trained: ProducedBatch | None = None  # the producer's batch the last step trained on
-        self._resumed_buffer: list[ProducedBatch] = []
-        self._resumed_drops = (0, 0)  # (samples, batches) the run had dropped as stale before its checkpoint
+        self._resumed: tuple[Path, dict[str, Any]] | None = None  # the checkpoint resumed from and its state
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -218,18 +214,9 @@ class Trainer:
         if self._ready:
             return
         cfg = self.config
+        self._source_cls: type[StepSource] = self.registry.load("step_source", cfg.trainer.name)
         threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // 2)
-        #: Torch threads of the colocate_async producer (trainer.producer_threads).
-        self.producer_threads = cfg.trainer.producer_threads or max(1, threads // 2)
-        if cfg.trainer.mode == "colocate_async":
-            if cfg.trainer.producer == "thread":
-                # Producer and trainer run at once in this process, and torch has one thread pool per
-                # process: both sides run with the producer's share.
-                threads = self.producer_threads
-            # else the producer's engine runs in a child process with threads of its own, on top of the
-            # trainer's: the producer waits for weights part of each step and the update is usually the longer
-            # side, so the trainer keeps all of run.threads (bench/results/trl_comparison_async.md measures it).
-        torch.set_num_threads(threads)
+        torch.set_num_threads(self._source_cls.torch_threads(cfg.trainer.config, threads))
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         model_path = (stand_in(self.run_dir, "model.path", resolve_model_path(cfg.model.path, self.registry))
@@ -295,7 +282,7 @@ class Trainer:
         builder = DataflowBuilder()
         self.algorithm.build_dataflow(builder)
         self.dataflow: Dataflow = builder.build()
-        self._check_trainer_mode(needs)  # before any model loads
+        self._check_step_source(needs)  # before any model loads
         self.reuse_update_log_probs = self._old_log_probs_reusable()
         self.boundary = self._boundary()
         self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
@@ -331,8 +318,7 @@ class Trainer:
             reward_model = self.reward.reward_model_path()
             if reward_model:
                 self._start_reward_model(backend, reward_model)
-            if cfg.trainer.is_async:
-                self.producer = self._make_producer()
+            self.source = self._source_cls(cfg.trainer.config, trainer=self, resumed=self._resumed)
         except BaseException:
             self.executor.shutdown()  # workers already started must not outlive a failed set-up
             raise
@@ -364,23 +350,13 @@ class Trainer:
             check_model_source(path, "model.critic_path", argument="critic_model")
         return dataclasses.replace(self.model_spec, path=path, module=self._critic_obj)
 
-    # ------------------------------------------------------------------ overlapping modes (trainer.mode)
-    def _check_trainer_mode(self, needs: Any) -> None:
-        """Refuse an overlapping mode the algorithm or the executor cannot run (:class:`ConfigError`)."""
+    def _check_step_source(self, needs: Any) -> None:
+        """Refuse a ``trainer.mode`` the algorithm or the executor cannot run (:class:`ConfigError`)."""
         cfg = self.config
-        mode, name = cfg.trainer.mode, cfg.algorithm.name
-        if mode == "sync":
-            return
-        if self.dataflow.rollout_request is None:
-            raise ConfigError("trainer.mode", f"algorithm {name!r} generates nothing (its step has no rollout stage), "
-                                              f"so there is no generation to overlap; use trainer.mode='sync'")
-        if not needs.off_policy:
-            raise ConfigError("trainer.mode", f"{mode!r} trains on samples from older weights, and algorithm {name!r} "
-                                              f"cannot (its Requirements.off_policy is false: no importance ratio); "
-                                              f"use trainer.mode='sync', or an algorithm with one (grpo, ppo, dapo)")
-        problem = self.registry.load("executor", cfg.executor.name).trainer_mode_problem(cfg.executor.config, mode)
-        if problem:
-            raise ConfigError("trainer.mode", problem)
+        self.registry.load("step_source", cfg.trainer.name).check(
+            cfg.trainer.config, mode=cfg.trainer.name, algorithm=cfg.algorithm.name,
+            generates=self.dataflow.rollout_request is not None, off_policy=needs.off_policy,
+            executor=self.registry.load("executor", cfg.executor.name), executor_config=cfg.executor.config)
 
     def _model_config(self) -> dict[str, Any] | None:
         """The policy model's Hugging Face config as a dict (of the object, else its config.json); None unknown."""
@@ -416,84 +392,10 @@ class Trainer:
         return not any(isinstance(v, (int, float)) and v > 0 for k, v in settings.items()
                        if k.endswith(("dropout", "pdrop", "dropout_prob", "dropout_rate")))
 
-    def _make_producer(self) -> RolloutProducer:
-        """The producer of the overlapping modes, on an engine with weights of its own."""
-        from verl_core import rollout_stage
-
-        cfg = self.config
-        engine = self.rollout
-        if engine.shares_actor_weights:
-            # The run's engine samples from the actor's live module, which each update changes in place:
-            # the producer gets its own copy of the weights, kept in step by the published versions.
-            engine_cls = self.registry.load("rollout", cfg.rollout.name)
-            if cfg.trainer.mode == "colocate_async" and cfg.trainer.producer == "process":
-                from verl_core.engine_host import HostedEngine
-
-                # Its own process, so that generation and the update really run at once (trainer.producer).
-                engine = HostedEngine(engine_cls, config=cfg.rollout.config, model=self.model_spec,
-                                      tokenizer=self.tokenizer, threads=self.producer_threads)
-            else:
-                spec = self.model_spec
-                if spec.module is not None:
-                    spec = dataclasses.replace(spec, module=copy.deepcopy(spec.module))
-                engine = engine_cls(config=cfg.rollout.config, model=spec, tokenizer=self.tokenizer)
-        request = self.dataflow.rollout_request
-        rc = cfg.rollout.config
-
-        boundary = self._boundary()  # the producer's engine reports weight versions of its own
-
-        def produce(seq: int, prompts: list[dict[str, Any]], draw: Any) -> tuple[Any, dict[str, float]]:
-            ctx = StepContext(step=seq, prompts=prompts, algorithm=self.algorithm, actor=None, rollout=engine,
-                              reward=self.reward, sampling=rc.sampling(seed=cfg.run.seed * 1_000_003 + seq),
-                              tokenizer=self.tokenizer, draw_prompts=draw, rollout_name=cfg.rollout.name,
-                              make_environment=self.make_environment, environment_config=cfg.environment.config,
-                              boundary=boundary)
-            return rollout_stage.produce(ctx, request), ctx.metrics
-
-        resumed = self._resumed_buffer
-        producer = RolloutProducer(engine=engine, produce=produce, sampler=self.sampler, rows=self.train_rows,
-                                   max_staleness=cfg.trainer.max_staleness, on_stale=cfg.trainer.on_stale,
-                                   next_seq=resumed[-1].seq + 1 if resumed else self.step + 1,
-                                   base_version=self.step, last_seq=self.max_steps, stamp=with_version)
-        producer.restore(resumed)
-        # async/dropped_* count over the whole run, across resumes.
-        producer.dropped_samples, producer.dropped_batches = self._resumed_drops
-        return producer
-
-    def _start_producer(self) -> None:
-        self.producer.publish(self.step, snapshot_weights(self.actor))
-        self.producer.start(torch.get_num_threads())
-
-    def _close_producer(self) -> None:
-        if self.producer is not None:
-            self.producer.stop()
-            if self.producer.engine is not self.rollout:  # its own engine (a child process, or a copy):
-                self.producer.engine.close()  # a child still generating is stopped, not waited for
-            self.producer.close()
-            self.producer = None
-
-    def _take_produced(self) -> tuple[ProducedBatch, int, dict[str, float]]:
-        """The producer's batch for this step, its staleness and the async metrics."""
-        producer = self.producer
-        waited = time.perf_counter()
-        item, staleness = producer.take(self.step)
-        waited = time.perf_counter() - waited
-        self._trained = item
-        self._drawn = list(item.prompt_indices)
-        metrics = dict(item.metrics)
-        metrics.update({"async/staleness": float(staleness), "async/weight_version": float(item.version),
-                        "async/wait_for_batch_s": waited, "async/dropped_samples": float(producer.dropped_samples),
-                        "async/dropped_batches": float(producer.dropped_batches),
-                        "async/producer_wait_s": producer.producer_wait_s})
-        return item, staleness, metrics
-
-    def _async_state(self) -> tuple[list[ProducedBatch], dict[str, Any]]:
-        """The buffered batches and what a checkpoint records of the producer (see :mod:`verl_core.async_rollout`)."""
-        items, in_flight = self.producer.pending(finish_older_than=self.step)
-        return items, {"mode": self.config.trainer.mode, "in_flight": in_flight,
-                       "buffered": [{"seq": i.seq, "version": i.version, "prompt_indices": i.prompt_indices}
-                                    for i in items], "dropped_samples": self.producer.dropped_samples,
-                                    "dropped_batches": self.producer.dropped_batches}
+    def _close_source(self) -> None:
+        if self.source is not None:
+            self.source.close()
+            self.source = None
 
     def _start_reward_model(self, backend: Any, path: str) -> None:
         """Start the ``reward_model`` worker group on the training backend and hand it to the scorer."""
@@ -515,7 +417,7 @@ class Trainer:
         return train, val
 
     def _resume(self, mode: str) -> None:
-        self._resumed_buffer = []
+        self._resumed = None
         if mode == "never":
             return
         if mode == "auto":  # a corrupt latest falls back to the one before it (run.on_corrupt_checkpoint)
@@ -533,14 +435,7 @@ class Trainer:
                                       f"needs a critic; resume with the algorithm it was saved with")
             self.critic.load_state(str(ckpt / "critic"))
         self.sampler.load_state_dict(state["sampler"])
-        if self.config.trainer.is_async and state.get("async"):
-            # The batches that waited in the buffer train as they were; the sampler goes on after them, so
-            # the prompts that were in flight are drawn (and generated) again.
-            self._resumed_buffer = load_buffer(ckpt / BUFFER_FILE)
-            self._resumed_drops = (int(state["async"].get("dropped_samples", 0)),
-                                   int(state["async"].get("dropped_batches", 0)))
-            if self._resumed_buffer:
-                self.sampler.load_state_dict(self._resumed_buffer[-1].sampler_state)
+        self._resumed = (ckpt, state)  # the step source restores what it saved (an async buffer, say)
         self.step = int(state["step"])
         self.resumed_from = ckpt
         self._checkpoint = (self.step, ckpt)
@@ -580,8 +475,7 @@ class Trainer:
             if self.step == 0 and cfg.val_before_train and self.val_rows:
                 last.update(self.validate())
             self._validated_at = self.step
-            if self.producer is not None:
-                self._start_producer()
+            self.source.start()
             while self.step < self.max_steps:
                 if stop.requested is not None:
                     raise self._preempted(stop.requested)
@@ -600,7 +494,7 @@ class Trainer:
             raise
         finally:
             hook.verl_run_end(step=self.step, status=status, error=error)
-            self._close_producer()
+            self._close_source()
             self.executor.shutdown()
             self.reward.close()
         return last
@@ -683,7 +577,7 @@ class Trainer:
         logging.getLogger(__name__).warning(
             "%s; restarting the worker groups (restart %d of %d) and resuming from %s", failure, self.restarts, limit,
             back[1] if back else "the start (no checkpoint yet)")
-        self._close_producer()
+        self._close_source()
         self.executor.shutdown()
         if back is None:
             self.step = 0
@@ -692,40 +586,26 @@ class Trainer:
             random.seed(cfg.run.seed)
             torch.manual_seed(cfg.run.seed)
         self._start_workers(str(back[1]) if back else "never")
-        if self.producer is not None:
-            self._start_producer()
+        self.source.start()
         self.hooks.hook.verl_run_rewound(step=self.step, reason=str(failure))
 
     def run_step(self) -> dict[str, float]:
-        """One RL step: sample prompts, run the dataflow, and return its metrics."""
+        """One RL step: the source's prompts (or batch), the algorithm's dataflow, the weights handed on."""
         start = time.perf_counter()
         self._drawn: list[int] = []
-        # Overlapping modes: the producer made the batch (trainer.mode); else the rollout node generates it.
-        item, staleness, async_metrics = self._take_produced() if self.producer is not None else (None, 0, {})
-        prompts = (self._draw_prompts() if item is None
-                   else [self.train_rows[i] for i in item.prompt_indices[:self.config.data.batch_size]])
-        rc = self.config.rollout.config
-        sampling = rc.sampling(seed=self.config.run.seed * 1_000_003 + self.step)
-        ctx = StepContext(step=self.step, prompts=prompts, algorithm=self.algorithm, actor=self.actor,
-                          rollout=self.rollout, reward=self.reward, sampling=sampling, critic=self.critic,
-                          reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self._draw_prompts,
-                          max_log_prob_gap=self.max_log_prob_gap, log_prob_gap_action=rc.log_prob_gap_action,
-                          rollout_name=self.config.rollout.name, make_environment=self.make_environment,
-                          environment_config=self.config.environment.config,
-                          produced=item.batch if item is not None else None, staleness=staleness,
-                          reuse_update_log_probs=self.reuse_update_log_probs, boundary=self.boundary)
-        ctx.metrics.update(async_metrics)
+        sourced = self.source.next(self.step)  # draw_prompts records what it draws
+        if sourced.indices is not None:
+            self._drawn = list(sourced.indices)
+        ctx = self.step_context(self.step, sourced.prompts, produced=sourced.produced, staleness=sourced.staleness)
+        ctx.metrics.update(sourced.metrics)
         try:
             self.dataflow.run(ctx, run_parallel=self.executor.run_parallel)
         finally:
             if ctx.engine_released:  # asleep since the rollout stage: awake for the sync, or after a failure
                 self.rollout.reacquire_memory()
-        # The step's last act, whatever the algorithm: the engine samples the next step from the new policy.
+        # The step's last act, whatever the algorithm: what generates next gets the new policy.
         synced = time.perf_counter()
-        if self.producer is not None:  # a copy of the new weights, which the producer loads between batches
-            self.producer.publish(self.step, snapshot_weights(self.actor))
-        else:
-            sync_rollout_weights(self.rollout, self.actor)
+        self.source.after_update(self.step)
         ctx.metrics["timing/sync_weights"] = time.perf_counter() - synced
         elapsed = time.perf_counter() - start
         b = ctx.batch
@@ -738,9 +618,9 @@ class Trainer:
                 b, self.tokenizer, step=self.step, limit=self.config.run.train_samples))
         m.update(self.algorithm.step_metrics(b, m))  # its KL figures, say
         tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
-        n_samples = len(prompts) * sampling.n
+        n_samples = len(sourced.prompts) * ctx.sampling.n
         m.update({
-            "epoch": float(self.sampler.epoch if item is None else item.sampler_state["epoch"]),
+            "epoch": float(self.sampler.epoch if sourced.epoch is None else sourced.epoch),
             "timing/step": elapsed,
             "throughput/samples_per_sec": n_samples / elapsed,
             "throughput/tokens_per_sec": tokens / elapsed,
@@ -749,7 +629,20 @@ class Trainer:
             m["memory/actor_peak_gb"] = float(self.actor.peak_memory_gb())
         return m
 
-    def _draw_prompts(self) -> list[dict[str, Any]]:
+    def step_context(self, step: int, prompts: list[dict[str, Any]], **fields: Any) -> StepContext:
+        """The context the dataflow of step ``step`` runs with (``fields`` replace the run's own parts:
+        a step source's producer passes its engine, and no actor)."""
+        rc = self.config.rollout.config
+        parts = dict(algorithm=self.algorithm, actor=self.actor, rollout=self.rollout, reward=self.reward,
+                     sampling=rc.sampling(seed=self.config.run.seed * 1_000_003 + step), critic=self.critic,
+                     reference=self.reference, tokenizer=self.tokenizer, draw_prompts=self.draw_prompts,
+                     max_log_prob_gap=self.max_log_prob_gap, log_prob_gap_action=rc.log_prob_gap_action,
+                     rollout_name=self.config.rollout.name, make_environment=self.make_environment,
+                     environment_config=self.config.environment.config,
+                     reuse_update_log_probs=self.reuse_update_log_probs, boundary=self.boundary)
+        return StepContext(step=step, prompts=prompts, **{**parts, **fields})
+
+    def draw_prompts(self) -> list[dict[str, Any]]:
         """The next batch of training prompt rows; the sampler's position is part of the checkpoint."""
         indices = self.sampler.next_batch()
         self._drawn.extend(indices)
@@ -757,11 +650,7 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt with the validation sampling and score it."""
-        if self.producer is None:
-            return self._validate()
-        with self.producer.engine_lock:  # between two producer batches: the reward stage is the producer's too
-            if self.producer.engine is self.rollout:  # the producer samples on this engine: the newest weights
-                self.producer.load_newest()
+        with self.source.validation():  # an overlapping source lends its engine between two batches
             return self._validate()
 
     def _validate(self) -> dict[str, float]:
@@ -838,18 +727,13 @@ class Trainer:
         """Write a complete checkpoint of the current step (atomically) and return its path."""
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "algorithm": self.config.algorithm.name,
                  "backend": self.config.backend.name, "prompts": list(self._drawn)}
-        buffered: list[ProducedBatch] = []
-        if self.producer is not None:
-            buffered, state["async"] = self._async_state()
-            if self._trained is not None:  # the sampler as it was after the prompts this step trained
-                state["sampler"] = self._trained.sampler_state
+        state.update(self.source.checkpoint_state())  # an async buffer's record, the sampler after its batch
 
         def write(tmp: Path) -> None:
             self.actor.save_state(str(tmp / "actor"))
             if self.critic is not None:
                 self.critic.save_state(str(tmp / "critic"))
-            if buffered:
-                save_buffer(buffered, tmp / BUFFER_FILE)
+            self.source.write_checkpoint(tmp)
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
             (tmp / "config.toml").write_text(dump_toml(config_to_dict(self.config)))
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from verl_core.config import ConfigError
+from verl_core.registry import UnknownPluginError
 from verl_core.dataflow import DataflowBuilder, StepContext, old_log_probs_reusable
 
 FAST = ["data.batch_size=8", "rollout.n=4", "run.val_every=0", "run.val_before_train=false", "run.threads=2",
@@ -48,13 +49,16 @@ class _Steps:
 # ------------------------------------------------------------------ bad input, before any model loads
 @pytest.mark.parametrize("override, match", [
     ("trainer.max_staleness=-1", "trainer.max_staleness: must be >= 0"),
-    ("trainer.mode='overlap'", "trainer.mode: must be one of"),
+    ("trainer.mode='overlap'", "no step_source plugin named 'overlap'.*colocate_async, separate_async, sync"),
     ("trainer.on_stale='skip'", "trainer.on_stale: must be 'wait' or 'drop'"),
     ("trainer.producer='fork'", "trainer.producer: must be one of"),
+    # In sync mode the overlapping modes' settings are refused unless at their defaults (old config.toml files).
+    ("trainer.mode='sync' trainer.max_staleness=2", "trainer.max_staleness: applies to the overlapping modes only"),
 ])
 def test_bad_trainer_settings_name_their_key(override: str, match: str, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=match):
-        trainer(tmp_path, override)
+    overrides = override.split() if "mode=" in override else ["trainer.mode='colocate_async'", override]
+    with pytest.raises((ConfigError, UnknownPluginError), match=match):
+        trainer(tmp_path, *overrides)
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -100,14 +104,14 @@ def test_one_step_off_policy_trains_step_n_on_weights_n_minus_2_and_the_producer
     steps = _Steps(t)
     seen: list[list[Any]] = []
     t.setup()
-    take = t._take_produced
+    take = t.source.next
 
-    def recorded_take() -> Any:
-        item, staleness, metrics = take()
-        seen.append(list(item.batch.meta["weight_version"]))
-        return item, staleness, metrics
+    def recorded_take(step: int) -> Any:
+        sourced = take(step)
+        seen.append(list(sourced.produced.meta["weight_version"]))
+        return sourced
 
-    t._take_produced = recorded_take
+    t.source.next = recorded_take
     t.train()
     # Step s trains on a batch from the weights after max(0, s - 2) updates.
     assert [m["async/weight_version"] for m in steps.metrics] == [0.0, 0.0, 1.0, 2.0]
@@ -133,7 +137,7 @@ def test_the_producer_engine_samples_from_the_published_weights_not_its_initial_
     t = trainer(tmp_path, "trainer.mode='colocate_async'", "trainer.max_staleness=0", "trainer.producer='thread'",
                 steps=2)
     t.setup()
-    producer = t.producer
+    producer = t.source.producer
     assert producer.engine is not t.rollout  # the run's HF engine shares the actor's module
     versions: dict[int, list[tuple[str, torch.Tensor]]] = {}
     publish = producer.publish
@@ -261,7 +265,7 @@ def test_sync_mode_resumes_an_async_checkpoint_without_losing_its_buffered_promp
 
 # ------------------------------------------------------------------ the old-log-prob forward
 def _ctx(*, epochs: int = 1, mini_batch_size: int = 0, staleness: int = 0, reuse: bool = True) -> StepContext:
-    from verl_core.algorithms.grpo import GRPO
+    from verl_algorithms.grpo import GRPO
 
     algorithm = GRPO(GRPO.Config(epochs=epochs, mini_batch_size=mini_batch_size))
     ctx = StepContext(step=1, prompts=[], algorithm=algorithm, actor=None, rollout=None, reward=None, sampling=None,
@@ -280,7 +284,7 @@ def test_old_log_probs_are_reused_only_for_one_on_policy_full_batch_update() -> 
 
 
 def _flow(**config: Any) -> Any:
-    from verl_core.algorithms.grpo import GRPO
+    from verl_algorithms.grpo import GRPO
 
     builder = DataflowBuilder()
     GRPO(GRPO.Config(**config)).build_dataflow(builder)
@@ -415,11 +419,11 @@ def test_separate_async_produces_on_a_ray_rollout_pool_of_its_own(tmp_path: Path
     t = trainer(tmp_path, *RAY_SPLIT, "trainer.max_staleness=1", steps=3)
     steps = _Steps(t)
     t.setup()
-    assert t.producer.engine is t.rollout and not t.rollout.shares_actor_weights
+    assert t.source.producer.engine is t.rollout and not t.rollout.shares_actor_weights
     t.train()
     assert [m["async/weight_version"] for m in steps.metrics] == [0.0, 0.0, 1.0]
     assert [m["async/staleness"] for m in steps.metrics] == [0.0, 1.0, 1.0]
-    assert t.producer is None  # closed with the run
+    assert t.source is None  # closed with the run
 
 
 @pytest.mark.parametrize(("producer", "producer_threads", "trainer_threads", "child_threads"),
@@ -435,9 +439,9 @@ def test_producer_threads_sets_each_sides_torch_threads(tmp_path: Path, producer
         t.setup()
         assert torch.get_num_threads() == trainer_threads
         if child_threads is not None:
-            assert t.producer.engine.child_info()["torch_threads"] == child_threads
+            assert t.source.producer.engine.child_info()["torch_threads"] == child_threads
     finally:
-        t._close_producer()
+        t._close_source()
         t.executor.shutdown()
         torch.set_num_threads(before)
 
@@ -463,7 +467,7 @@ def test_the_process_producer_trains_exactly_as_the_thread_producer(tmp_path: Pa
         t = trainer(tmp_path / producer, *common, f"trainer.producer='{producer}'", steps=4)
         steps = _Steps(t)
         t.setup()
-        pid = t.producer.engine.pid if producer == "process" else None
+        pid = t.source.producer.engine.pid if producer == "process" else None
         t.train()
         runs[producer] = (weights(t), [m["async/weight_version"] for m in steps.metrics],
                           [m["reward/mean"] for m in steps.metrics])
@@ -482,7 +486,7 @@ def test_a_rollout_process_that_dies_fails_the_run_with_its_exit_code(tmp_path: 
 
     t = trainer(tmp_path, "trainer.mode='colocate_async'", steps=4)
     t.setup()
-    pid = t.producer.engine.pid
+    pid = t.source.producer.engine.pid
     run_step = t.run_step
 
     def killing() -> dict[str, float]:
@@ -493,7 +497,7 @@ def test_a_rollout_process_that_dies_fails_the_run_with_its_exit_code(tmp_path: 
     t.run_step = killing
     with pytest.raises(RuntimeError, match=r"rollout process of HFRollout \(pid \d+\) (died with exit code -9|closed)"):
         t.train()
-    assert t.producer is None
+    assert t.source is None
 
 
 def test_an_error_in_the_rollout_process_is_raised_here_with_its_traceback(tmp_path: Path) -> None:
@@ -502,7 +506,7 @@ def test_an_error_in_the_rollout_process_is_raised_here_with_its_traceback(tmp_p
     t = trainer(tmp_path, "trainer.mode='colocate_async'", steps=1)
     t.setup()
     try:
-        engine = t.producer.engine
+        engine = t.source.producer.engine
         with pytest.raises(IndexError) as info:  # a token id past the vocabulary, in the child's embedding
             engine.generate([[10**6]], sampling=SamplingParams(max_new_tokens=2))
         assert "raised in the rollout process of HFRollout" in "\n".join(info.value.__notes__)
@@ -510,7 +514,7 @@ def test_an_error_in_the_rollout_process_is_raised_here_with_its_traceback(tmp_p
         out = engine.generate([[1, 2, 3]], sampling=SamplingParams(max_new_tokens=2, greedy=True))
         assert len(out.response_ids) == 1
     finally:
-        t._close_producer()
+        t._close_source()
         t.executor.shutdown()
 
 
@@ -528,7 +532,7 @@ def test_the_rollout_process_ends_when_its_trainer_is_killed(tmp_path: Path) -> 
         "from verl_core.trainer import Trainer\n"
         f"t = Trainer.from_config(overrides={overrides!r})\n"
         "t.setup()\n"
-        "print(t.producer.engine.pid, flush=True)\n"
+        "print(t.source.producer.engine.pid, flush=True)\n"
         "time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

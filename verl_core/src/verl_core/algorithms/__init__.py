@@ -1,1 +1,0 @@
-"""Built-in algorithms (GRPO, PPO) and the reusable pieces in :mod:`.functional`."""

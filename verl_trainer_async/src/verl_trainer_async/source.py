@@ -1,0 +1,242 @@
+"""The overlapping step sources: ``trainer.mode = "colocate_async"`` and ``"separate_async"`` (issue 19).
+
+A producer (:mod:`verl_trainer_async.producer`) runs the run's rollout stage on an engine of its own, one
+batch ahead of the trainer, behind a replay buffer bounded by ``trainer.max_staleness``; the trainer takes
+its scored batches in order and publishes a copy of the weights after each update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from verl_core import rollout_stage
+from verl_core.config import CORE_SECTIONS
+from verl_core.contracts import SourcedStep, StepSource
+from verl_core.interfaces import ConfigError
+from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
+                                         snapshot_weights, with_version)
+
+__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP"]
+
+#: The truncated importance-sampling cap stale samples are weighed with, unless the algorithm section sets
+#: ``rollout_is_cap`` (0 turns it off). Measured in bench/results/async_curves.md: without it, one-step
+#: off-policy GRPO on the built-in task ended 9 points below sync over 3 seeds; with it, level.
+ASYNC_ROLLOUT_IS_CAP = 2.0
+PRODUCER_PLACES = ("process", "thread")
+
+
+@dataclass
+class AsyncConfig:
+    """The ``[trainer]`` settings of the overlapping modes.
+
+    Attributes:
+        max_staleness: how many weight versions a sample may lag the policy it trains (1: one-step
+            off-policy; 0: always the current policy, no overlap). Sample staleness is reported in
+            ``async/staleness``; the algorithm's importance-sampling correction (``algorithm.rollout_is_cap``,
+            2.0 by default when ``max_staleness > 0``, ``ASYNC_ROLLOUT_IS_CAP``) weighs stale samples.
+        on_stale: ``"wait"`` (the producer waits for new enough weights before it generates: nothing
+            is ever over the bound) or ``"drop"`` (the producer never waits for weights; batches over the
+            bound are thrown away and counted in ``async/dropped_samples``).
+        producer: where ``colocate_async``'s producer runs an engine that generates inside the trainer's
+            process (the ``hf`` rollout): ``"process"`` (the default: a child process with an engine of its
+            own and ``producer_threads`` torch threads, weights synced through shared memory; the trainer
+            keeps all of ``run.threads``) or ``"thread"`` (a thread of the trainer's process; both sides
+            then share its interpreter lock and its one torch thread pool, ``producer_threads`` threads
+            each). Engines that already generate in processes of their own (``vllm``, ``sglang``) are used
+            as they are. ``separate_async`` runs the producer on the executor's rollout pool.
+        producer_threads: torch threads of the producer (0: half of ``run.threads``, at least one).
+    """
+
+    max_staleness: int = 1
+    on_stale: str = "wait"
+    producer: str = "process"
+    producer_threads: int = 0
+
+    def validate(self) -> None:
+        if self.max_staleness < 0:
+            raise ConfigError("max_staleness", f"must be >= 0 weight versions (0: on-policy, 1: one-step "
+                                               f"off-policy), got {self.max_staleness}")
+        if self.on_stale not in ("wait", "drop"):
+            raise ConfigError("on_stale", f"must be 'wait' or 'drop', got {self.on_stale!r}")
+        if self.producer not in PRODUCER_PLACES:
+            raise ConfigError("producer", f"must be one of {list(PRODUCER_PLACES)}, got {self.producer!r}")
+        if self.producer_threads < 0:
+            raise ConfigError("producer_threads", "must be >= 0 (0: half of run.threads)")
+
+
+def _producer_threads(config: AsyncConfig, threads: int) -> int:
+    return config.producer_threads or max(1, threads // 2)
+
+
+class AsyncSource(StepSource):
+    """Batches from a producer that generates ahead of the trainer (see the module)."""
+
+    Config = AsyncConfig
+
+    # -------------------------------------------------------------------- before anything loads
+    @classmethod
+    def check(cls, config: AsyncConfig, *, mode: str, algorithm: str, generates: bool, off_policy: bool,
+              executor: Any, executor_config: Any) -> None:
+        if not generates:
+            raise ConfigError("trainer.mode", f"algorithm {algorithm!r} generates nothing (its step has no rollout "
+                                              f"stage), so there is no generation to overlap; use trainer.mode='sync'")
+        if not off_policy:
+            raise ConfigError("trainer.mode", f"{mode!r} trains on samples from older weights, and algorithm "
+                                              f"{algorithm!r} cannot (its Requirements.off_policy is false: no "
+                                              f"importance ratio); use trainer.mode='sync', or an algorithm with one "
+                                              f"(grpo, ppo, dapo)")
+        problem = executor.trainer_mode_problem(executor_config, mode)
+        if problem:
+            raise ConfigError("trainer.mode", problem)
+
+    @classmethod
+    def torch_threads(cls, config: AsyncConfig, threads: int) -> int:
+        # A thread producer shares this process's one torch thread pool: both sides run with its share. A
+        # child process has threads of its own on top of the trainer's: the producer waits for weights part of
+        # each step and the update is usually the longer side, so the trainer keeps all of run.threads
+        # (bench/results/trl_comparison_async.md measures it).
+        return _producer_threads(config, threads) if config.producer == "thread" else threads
+
+    @classmethod
+    def defaults(cls, raw: Mapping[str, Any], registry: Any) -> tuple[dict[str, dict[str, Any]], str]:
+        """With stale samples allowed, the algorithm's importance-sampling correction is on
+        (``ASYNC_ROLLOUT_IS_CAP``) unless the user set it, or reuses the rollout's log-probs."""
+        trainer = raw.get("trainer") if isinstance(raw.get("trainer"), Mapping) else {}
+        algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
+        try:
+            stale = int(trainer.get("max_staleness", AsyncConfig.max_staleness)) > 0
+        except (TypeError, ValueError):  # the section's own check names the bad value
+            return {}, ""
+        if not stale or "rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True:
+            return {}, ""
+        name = algorithm.get("name", CORE_SECTIONS["algorithm"].default)
+        config_cls = getattr(registry.load("algorithm", name), "Config", None) if isinstance(name, str) else None
+        if config_cls is None or "rollout_is_cap" not in {f.name for f in dataclasses.fields(config_cls)}:
+            return {}, ""
+        return ({"algorithm": {"rollout_is_cap": ASYNC_ROLLOUT_IS_CAP}},
+                f"; trainer.mode={trainer.get('mode')!r} sets algorithm.rollout_is_cap={ASYNC_ROLLOUT_IS_CAP} "
+                f"(truncated importance weights for stale samples; algorithm.rollout_is_cap=0 turns them off)")
+
+    # -------------------------------------------------------------------- the run
+    def __init__(self, config: AsyncConfig, *, trainer: Any,
+                 resumed: tuple[Path, Mapping[str, Any]] | None = None) -> None:
+        super().__init__(config, trainer=trainer, resumed=resumed)
+        buffered: list[ProducedBatch] = []
+        drops = (0, 0)
+        if resumed is not None and resumed[1].get("async"):
+            # The batches that waited in the buffer train as they were; the sampler goes on after them, so
+            # the prompts that were in flight are drawn (and generated) again.
+            ckpt, state = resumed
+            buffered = load_buffer(ckpt / BUFFER_FILE)
+            drops = (int(state["async"].get("dropped_samples", 0)), int(state["async"].get("dropped_batches", 0)))
+            if buffered:
+                trainer.sampler.load_state_dict(buffered[-1].sampler_state)
+        #: The producer's batch the last step trained on.
+        self.trained: ProducedBatch | None = None
+        self._pending: list[ProducedBatch] = []
+        self.producer = self._make_producer(buffered)
+        # async/dropped_* count over the whole run, across resumes.
+        self.producer.dropped_samples, self.producer.dropped_batches = drops
+
+    def _make_producer(self, buffered: list[ProducedBatch]) -> RolloutProducer:
+        """The producer, on an engine with weights of its own."""
+        t = self.trainer
+        cfg = t.config
+        engine = t.rollout
+        threads = _producer_threads(self.config, cfg.run.threads or max(1, (os.cpu_count() or 1) // 2))
+        if engine.shares_actor_weights:
+            # The run's engine samples from the actor's live module, which each update changes in place:
+            # the producer gets its own copy of the weights, kept in step by the published versions.
+            engine_cls = t.registry.load("rollout", cfg.rollout.name)
+            if cfg.trainer.name == "colocate_async" and self.config.producer == "process":
+                from verl_trainer_async.engine_host import HostedEngine
+
+                # Its own process, so that generation and the update really run at once (trainer.producer).
+                engine = HostedEngine(engine_cls, config=cfg.rollout.config, model=t.model_spec,
+                                      tokenizer=t.tokenizer, threads=threads)
+            else:
+                spec = t.model_spec
+                if spec.module is not None:
+                    spec = dataclasses.replace(spec, module=copy.deepcopy(spec.module))
+                engine = engine_cls(config=cfg.rollout.config, model=spec, tokenizer=t.tokenizer)
+        request = t.dataflow.rollout_request
+        boundary = t.boundary
+
+        def produce(seq: int, prompts: list[dict[str, Any]], draw: Any) -> tuple[Any, dict[str, float]]:
+            # The producer's engine reports weight versions of its own; it trains nothing (actor=None).
+            ctx = t.step_context(seq, prompts, rollout=engine, actor=None, draw_prompts=draw, boundary=boundary)
+            return rollout_stage.produce(ctx, request), ctx.metrics
+
+        self._threads = threads
+        producer = RolloutProducer(engine=engine, produce=produce, sampler=t.sampler, rows=t.train_rows,
+                                   max_staleness=self.config.max_staleness, on_stale=self.config.on_stale,
+                                   next_seq=buffered[-1].seq + 1 if buffered else t.step + 1,
+                                   base_version=t.step, last_seq=t.max_steps, stamp=with_version)
+        producer.restore(buffered)
+        return producer
+
+    def start(self) -> None:
+        self.producer.publish(self.trainer.step, snapshot_weights(self.trainer.actor))
+        self.producer.start(torch.get_num_threads())
+
+    def next(self, step: int) -> SourcedStep:
+        producer = self.producer
+        waited = time.perf_counter()
+        item, staleness = producer.take(step)
+        waited = time.perf_counter() - waited
+        self.trained = item
+        metrics = dict(item.metrics)
+        metrics.update({"async/staleness": float(staleness), "async/weight_version": float(item.version),
+                        "async/wait_for_batch_s": waited, "async/dropped_samples": float(producer.dropped_samples),
+                        "async/dropped_batches": float(producer.dropped_batches),
+                        "async/producer_wait_s": producer.producer_wait_s})
+        rows = self.trainer.train_rows
+        batch_size = self.trainer.config.data.batch_size
+        return SourcedStep(prompts=[rows[i] for i in item.prompt_indices[:batch_size]],
+                           indices=list(item.prompt_indices), produced=item.batch, staleness=staleness,
+                           epoch=float(item.sampler_state["epoch"]), metrics=metrics)
+
+    def after_update(self, step: int) -> None:
+        # A copy of the new weights, which the producer loads between batches.
+        self.producer.publish(step, snapshot_weights(self.trainer.actor))
+
+    @contextlib.contextmanager
+    def validation(self) -> Iterator[None]:
+        with self.producer.engine_lock:  # between two producer batches: the reward stage is the producer's too
+            if self.producer.engine is self.trainer.rollout:  # it samples on this engine: the newest weights
+                self.producer.load_newest()
+            yield
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The buffered batches and what a checkpoint records of the producer (see :mod:`.producer`)."""
+        items, in_flight = self.producer.pending(finish_older_than=self.trainer.step)
+        self._pending = items
+        state: dict[str, Any] = {"async": {
+            "mode": self.trainer.config.trainer.name, "in_flight": in_flight,
+            "buffered": [{"seq": i.seq, "version": i.version, "prompt_indices": i.prompt_indices} for i in items],
+            "dropped_samples": self.producer.dropped_samples, "dropped_batches": self.producer.dropped_batches}}
+        if self.trained is not None:  # the sampler as it was after the prompts this step trained
+            state["sampler"] = self.trained.sampler_state
+        return state
+
+    def write_checkpoint(self, directory: Path) -> None:
+        if self._pending:
+            save_buffer(self._pending, directory / BUFFER_FILE)
+
+    def close(self) -> None:
+        producer, self.producer = self.producer, None
+        if producer is None:
+            return
+        producer.stop()
+        if producer.engine is not self.trainer.rollout:  # its own engine (a child process, or a copy):
+            producer.engine.close()  # a child still generating is stopped, not waited for
+        producer.close()
