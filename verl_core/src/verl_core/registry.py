@@ -1,9 +1,9 @@
 """Plugin registry: how verl finds, checks and loads its plugins.
 
 Everything pluggable in verl (training backends, rollout engines, algorithms, rewards, environments,
-executors, loggers, hooks, models and datasets built by name, CLI commands) is provided through Python
-entry points, and verl-core registers its own built-ins the same way any third party does. This module
-is the single place that reads those entry points.
+executors, loggers, hooks, models and datasets built by name, CLI commands, config file formats) is
+provided through Python entry points, and verl-core registers its own built-ins the same way any third
+party does. This module is the single place that reads those entry points.
 
 It works in two stages on purpose:
 
@@ -64,6 +64,7 @@ KINDS: dict[str, str] = {
     "environment": "verl.environments", "executor": "verl.executors", "logger": "verl.loggers", "hook": "verl.hooks",
     "model": "verl.models", "dataset": "verl.datasets", "command": "verl.commands",
     "config_section": "verl.config_sections", "scorer": "verl.scorers", "step_source": "verl.step_sources",
+    "config_format": "verl.config_formats",
 }
 
 #: Entry-point group in which a distribution declares the plugin API it targets.
@@ -100,6 +101,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-data-prepare": {"command": ("data",)},
     "verl-loggers": {"logger": ("tensorboard", "wandb")},
     "verl-dashboard": {"command": ("dashboard", "report")},
+    "verl-config-import": {"config_format": ("verl-yaml",)},
 }
 
 
