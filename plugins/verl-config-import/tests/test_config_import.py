@@ -149,3 +149,10 @@ def test_verl_run_takes_a_verl_yaml_directly_and_prints_the_mapping(tmp_path: Pa
     assert res.exit_code == 0 and out.is_file() and "wrote" in res.output
     res = CliRunner().invoke(app, ["config", "import", str(path), "-o", str(out)])
     assert res.exit_code == 2 and "exists" in res.output
+
+
+def test_verl_plugins_list_shows_the_verl_yaml_format() -> None:
+    res = CliRunner().invoke(app, ["plugins", "list", "--kind", "config_format"])
+    assert res.exit_code == 0, res.output
+    row = next(line.split() for line in res.output.splitlines() if line.startswith("config_format"))
+    assert row[1:3] == ["verl-yaml", "verl-config-import"] and row[-1] == "available"

@@ -6,6 +6,9 @@ count differently the value is converted: verl's ``ppo_mini_batch_size`` counts 
 (times ``rollout.n``); TRL's ``per_device_train_batch_size`` counts completions per device and ours prompts
 per step. KL estimator and loss-aggregation names are translated. The report ends with the defaults of
 theirs that differ from ours for keys the file does not set, so a run does not change silently.
+
+:class:`VerlYamlFormat` serves it to the ``verl`` command as the ``verl-yaml`` config format
+(:class:`verl_core.interfaces.ConfigFormat`): ``verl run -c ppo_trainer.yaml`` and ``verl config import``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from verl_core.config import ConfigError, dump_toml, parse_value
+from verl_core.config import ConfigError, parse_value
+from verl_core.interfaces import ConfigFormat
 
-__all__ = ["ImportReport", "import_config", "read_foreign", "detect_format", "flatten"]
+__all__ = ["ImportReport", "VerlYamlFormat", "import_config", "read_foreign", "detect_format", "flatten"]
 
 
 @dataclass
@@ -51,10 +55,6 @@ class ImportReport:
             out += [f"  {t}: {_FORMAT_NAMES[self.format].split()[0]} {_show(d)}, here {o} = "
                     f"{_show(self.ours.get(o, '(its default)'))}" for t, d, o in differ]
         return out
-
-    def toml(self) -> str:
-        header = "".join(f"# {line}\n" for line in self.lines())
-        return header + "\n" + dump_toml(self.raw)
 
 
 _FORMAT_NAMES = {"verl": "verl (ppo_trainer.yaml)", "trl_grpo": "TRL GRPOConfig", "trl_ppo": "TRL PPOConfig"}
@@ -439,17 +439,10 @@ def import_config(flat: Mapping[str, Any], format: str | None = None) -> ImportR
     return report
 
 
-def looks_foreign(path: str | Path) -> bool:
-    """Whether ``verl run -c`` was given a file to import (YAML or JSON) rather than our TOML."""
-    return Path(path).suffix.lower() in (".yaml", ".yml", ".json")
-
-
 def fit_to_plugins(report: ImportReport, registry: Any, *, tries: int = 50) -> Any:
     """Resolve the imported config; a mapped key the selected plugin does not take (``gpu_memory_utilization``
     with the HF rollout) moves to the unmapped list with the reason. Returns the resolved config."""
-    from verl_core.config import resolve_config
-
-    from verl_core.config import config_to_dict
+    from verl_core.config import config_to_dict, resolve_config
 
     for _ in range(tries):
         try:
@@ -470,3 +463,19 @@ def fit_to_plugins(report: ImportReport, registry: Any, *, tries: int = 50) -> A
                 why = f"the {section} plugin here ({plugin}) has no {key}; other {section} plugins may"
             report.unmapped.append((hit[0], hit[1], f"{exc.path}: {why}"))
     raise ConfigError("", "the imported config does not resolve")
+
+
+class VerlYamlFormat(ConfigFormat):
+    """verl's ``ppo_trainer.yaml`` (or its dotted command-line overrides) and TRL's GRPOConfig/PPOConfig,
+    YAML or JSON, as our config; the notes are the mapping report, :meth:`ImportReport.lines`."""
+
+    def reads(self, path: Path | None) -> bool:
+        return path is None or Path(path).suffix.lower() in (".yaml", ".yml", ".json")
+
+    def read(self, path: Path | None, *, overrides: Sequence[str] = (),
+             registry: Any) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        flat = read_foreign(path) if path is not None else {}
+        flat.update(from_overrides(overrides))
+        report = import_config(flatten(flat))
+        fit_to_plugins(report, registry)
+        return report.raw, report.lines()
