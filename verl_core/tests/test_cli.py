@@ -129,3 +129,24 @@ def test_plugins_list_check_imports_each_plugin_and_shows_the_broken_ones(cli, s
     finally:
         for mod in ("_verl_cli_broken", "_verl_cli_fine"):
             sys.modules.pop(mod, None)
+
+
+def test_a_config_no_installed_config_format_reads_exits_2_naming_the_package(cli, site: Path, tmp_path: Path) -> None:
+    """verl's and TRL's YAML come through a ``verl.config_formats`` plugin (verl-config-import); without one,
+    ``verl run -c x.yaml`` and ``verl config import`` say what to install, exit 2, no traceback."""
+    # An empty verl-config-import first on the path hides an installed one: the registry counts the first copy.
+    info = site / "verl_config_import-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-config-import\nVersion: 0.0\n")
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text("data:\n  train_batch_size: 2\n")
+    for args in (("run", "-c", str(path)), ("config", "import", str(path)),
+                 ("config", "import", "data.train_batch_size=2")):
+        res = cli(*args)
+        assert res.exit_code == USER_ERROR_EXIT, res.output
+        assert "no installed config format reads" in res.output and "pip install verl-config-import" in res.output
+        assert "Traceback" not in res.output
+    ours = tmp_path / "ours.cfg"  # our TOML by another name is still read as TOML
+    ours.write_text("[run]\nmax_steps = 3\n")
+    res = cli("config", "show", "-c", str(ours))
+    assert res.exit_code == 0 and "max_steps = 3" in res.output, res.output
