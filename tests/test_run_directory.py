@@ -112,31 +112,6 @@ def test_kill_9_then_resume_takes_the_dead_runs_lock_and_logs_each_step_once(tmp
     assert resumes[0]["changed"] == {"run.max_steps": [5000, final]}
 
 
-def test_the_jsonl_logger_starts_by_cutting_every_file_back_to_the_step_it_resumes_from(tmp_path):
-    """What a killed run left past its checkpoint (step 5): rows of steps 6-8 and a line cut short by the kill."""
-    from verl_core.loggers import JsonlLogger
-
-    rows = "".join(json.dumps({"step": s, "x": 1.0}) + "\n" for s in range(9))
-    for name in ("metrics.jsonl", "health.jsonl", "samples/train.jsonl"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(rows + '{"step": 9, "x"')
-    for s in (4, 5, 6):
-        (tmp_path / "samples" / f"val_step_{s}.jsonl").write_text(json.dumps({"step": s}) + "\n")
-    logger = JsonlLogger()
-    logger.verl_run_start(config=None, run_dir=tmp_path, start_step=5, max_steps=10)
-    logger.verl_metrics(step=6, metrics={"x": 2.0})
-    logger.verl_run_end(step=6, status="completed", error=None)
-    steps = {name: [json.loads(line)["step"] for line in (tmp_path / name).read_text().splitlines()]
-             for name in ("metrics.jsonl", "health.jsonl", "samples/train.jsonl")}
-    assert steps == {"metrics.jsonl": [0, 1, 2, 3, 4, 5, 6], "health.jsonl": [0, 1, 2, 3, 4, 5],
-                     "samples/train.jsonl": [0, 1, 2, 3, 4, 5]}
-    assert sorted(p.name for p in (tmp_path / "samples").glob("val_step_*")) == ["val_step_4.jsonl",
-                                                                                   "val_step_5.jsonl"]
-    # From step 0 (nothing to resume), nothing of the earlier attempt stays.
-    JsonlLogger().verl_run_start(config=None, run_dir=tmp_path, start_step=0, max_steps=10)
-    assert (tmp_path / "metrics.jsonl").read_text() == "" and not list((tmp_path / "samples").glob("val_*"))
-
-
 # ----------------------------------------------------------------------------- resume only what matches
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory) -> Path:

@@ -7,9 +7,7 @@ model or trains.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -150,25 +148,6 @@ def test_export_refuses_a_directory_that_is_not_empty_unless_forced(cli, tmp_pat
         where.mkdir(exist_ok=True)
         res = cli("export", str(tmp_path / "no-run"), str(where), *args)
         assert res.exit_code == USER_ERROR_EXIT and "not empty" not in res.output, res.output
-
-
-# ----------------------------------------------------------------------------- the console's kl column
-def test_the_console_kl_column_shows_the_kl_ppo_computes() -> None:
-    from verl_core.loggers import ConsoleLogger
-
-    def line(metrics: dict[str, float]) -> str:
-        logger, out = ConsoleLogger(), io.StringIO()
-        logger._max_steps = 2
-        with redirect_stdout(out):
-            logger.verl_step_end(step=1, metrics=metrics)
-        return out.getvalue()
-
-    # What PPO's step logs: the KL to the reference in the reward; its clip-loss drift is 0 on one mini-batch.
-    ppo = {"reward/mean": 0.5, "ppo/kl_in_reward": 0.0123, "ppo/approx_kl": 0.0, "ppo/kl_divergence": 0.0,
-           "actor/ref_kl": 0.011}
-    assert "kl 0.0123" in line(ppo)
-    assert "kl 0.02" in line({"ppo/kl_loss": 0.02, "ppo/kl_divergence": 0.0})  # GRPO with kl_coef: the KL loss
-    assert "kl 0.003" in line({"ppo/kl_divergence": 0.003})  # no reference: the policy's drift, as before
 
 
 # ----------------------------------------------------------------------------- dry run

@@ -111,29 +111,6 @@ def test_val_samples_caps_the_file_and_zero_writes_none(tmp_path):
     assert not (out / "samples" / "train.jsonl").exists()
 
 
-def test_the_jsonl_logger_records_samples_health_and_status_and_forgets_rewound_steps(tmp_path):
-    from verl_core.loggers import JsonlLogger
-
-    sink = JsonlLogger()
-    sink.verl_run_start(config=None, run_dir=tmp_path, start_step=0, max_steps=4)
-    assert json.loads((tmp_path / "status.json").read_text())["status"] == "running"
-    for step in range(1, 5):
-        sink.verl_metrics(step=step, metrics={"reward/mean": step / 10})
-        sink.verl_samples(step=step, split="train", samples=[{"step": step, "response": f"r{step}"}])
-        if step % 2 == 0:
-            sink.verl_samples(step=step, split="val", samples=[{"step": step, "response": "v"}] * 3)
-        sink.verl_health(step=step, check="kl", message="high")
-    assert len((tmp_path / "samples" / "val_step_4.jsonl").read_text().splitlines()) == 3
-    sink.verl_run_rewound(step=2, reason="worker died")
-    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["train.jsonl", "val_step_2.jsonl"]
-    for name in ("metrics.jsonl", "samples/train.jsonl", "health.jsonl"):
-        assert [json.loads(line)["step"] for line in (tmp_path / name).read_text().splitlines()] == [1, 2], name
-    sink.verl_run_end(step=3, status="failed", error=FloatingPointError("loss is NaN"))
-    status = json.loads((tmp_path / "status.json").read_text())
-    assert status["status"] == "failed" and status["error"] == "FloatingPointError: loss is NaN"
-    assert status["step"] == 3 and status["pid"] > 0
-
-
 @pytest.mark.slow
 def test_a_run_without_a_test_split_warns_that_validation_is_skipped(tmp_path, capsys):
     from verl_core.trainer import Trainer

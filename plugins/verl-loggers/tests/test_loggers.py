@@ -1,4 +1,4 @@
-"""The tensorboard and wandb sinks: registered from this package, writing what a run emits."""
+"""The sinks are registered from this package; the tensorboard and wandb sinks write what a run emits."""
 
 import json
 from pathlib import Path
@@ -8,9 +8,9 @@ import pytest
 from verl_core.registry import PluginRegistry
 
 
-def test_both_sinks_are_registered_from_this_package():
+def test_every_sink_is_registered_from_this_package():
     registry = PluginRegistry()
-    for name in ("tensorboard", "wandb"):
+    for name in ("console", "jsonl", "tensorboard", "wandb"):
         assert registry.info("logger", name).distribution == "verl-loggers"
 
 

@@ -1,6 +1,7 @@
-"""Metric sinks for verl that need an extra package: ``tensorboard`` and ``wandb`` (``verl.loggers`` plugins).
+"""verl's metric sinks (``verl.loggers`` plugins): ``console`` and ``jsonl`` (the default ``run.loggers``),
+``tensorboard`` and ``wandb``.
 
-``run.loggers = ["console", "jsonl", "tensorboard"]``; the sink's package is imported when a run starts,
+``run.loggers = ["console", "jsonl", "tensorboard"]``; a sink's own package is imported when a run starts,
 so ``pip install verl-loggers[tensorboard]`` (or ``[wandb]``) is needed only for the sinks used.
 """
 
@@ -11,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from verl_core.hooks import hookimpl
-from verl_core.loggers import scalars
+from verl_loggers.console import ConsoleLogger
+from verl_loggers.jsonl import JsonlLogger, scalars
 
 __version__ = "0.1.0"
 
-__all__ = ["TensorBoardLogger", "WandbLogger", "SAMPLE_COLUMNS"]
+__all__ = ["ConsoleLogger", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "SAMPLE_COLUMNS", "scalars"]
 
 #: The columns of a samples table (TensorBoard text, wandb table); a transcript joins them as JSON.
 SAMPLE_COLUMNS = ("step", "index", "prompt", "response", "ground_truth", "reward", "response_tokens",
