@@ -172,8 +172,8 @@ class Coordinator:
     """A worker that only coordinates through files, so the tests prove concurrency by construction.
 
     Every worker process runs on this machine and sees the test's ``tmp_path``. No assertion reads
-    a clock: a missing overlap shows as a rendezvous that times out, an unwanted one as a file that
-    is already taken.
+    a clock: a missing overlap shows as a rendezvous that times out, an unwanted one as a call that
+    finds another inside.
     """
 
     def __init__(self, world):
@@ -184,18 +184,18 @@ class Coordinator:
         (Path(directory) / me).touch()
         return _wait_for_path(Path(directory) / other, timeout)
 
-    def occupy(self, directory, hold):
-        """Take ``directory/busy`` for ``hold`` seconds; False if another call held it already."""
-        busy = Path(directory) / "busy"
-        try:
-            os.close(os.open(busy, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return False
-        try:
-            time.sleep(hold)  # long enough for a concurrent call to find the file taken
-        finally:
-            busy.unlink()
-        return True
+    def occupy(self, directory, me):
+        """Enter as ``me`` and stay until the test writes ``directory/release``; False if another call
+        was inside at the same time (it entered and had not left)."""
+        here = Path(directory)
+        (here / f"{me}.in").touch()
+
+        def others_inside():
+            return {p.stem for p in here.glob("*.in")} - {p.stem for p in here.glob("*.out")} - {me}
+
+        alone = not others_inside() and _wait_for_path(here / "release", 120) and not others_inside()
+        (here / f"{me}.out").touch()
+        return alone
 
     def block(self, marker):
         """Say the call has started, then never return: only a failure can end the call."""
@@ -222,6 +222,23 @@ def make_coordinator(world):
     return Coordinator(world)
 
 
+class _WatchedLock:
+    """The pool's lock, unchanged, that also records when a call had to wait for another."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.contended = threading.Event()
+
+    def __enter__(self):
+        if not self._lock.acquire(blocking=False):
+            self.contended.set()
+            self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
 def test_groups_on_different_pools_run_concurrently(ray_session, tmp_path):
     executor = ray_executor(pools={"a": 1, "b": 1}, placement={"actor": "a", "critic": "b", "reference": "a"})
     apart, together = tmp_path / "apart", tmp_path / "together"
@@ -235,13 +252,21 @@ def test_groups_on_different_pools_run_concurrently(ray_session, tmp_path):
         # first would give up after its timeout (generous: a loaded machine only makes it slower).
         met = executor.run_parallel([lambda: critic.rendezvous(str(apart), "critic", "reference", 60),
                                      lambda: reference.rendezvous(str(apart), "reference", "critic", 60)])
-        # Same processes: one after the other (their collectives would clash), so neither call ever
-        # finds the other holding the file.
-        alone = executor.run_parallel([lambda: actor.occupy(str(together), 1.0),
-                                       lambda: reference.occupy(str(together), 1.0)])
+        # Same processes: one after the other (their collectives would clash). The first call to
+        # start stays inside until the second is seen queued behind it on the pool's lock; only then
+        # may it leave, and neither call finds the other inside.
+        pool = executor._pools["a"]
+        pool.lock = _WatchedLock()
+        releaser = threading.Thread(target=lambda: (pool.lock.contended.wait(120), (together / "release").touch()),
+                                    daemon=True)
+        releaser.start()
+        alone = executor.run_parallel([lambda: actor.occupy(str(together), "actor"),
+                                       lambda: reference.occupy(str(together), "reference")])
+        queued = pool.lock.contended.is_set()
     finally:
         executor.shutdown()
     assert met == [True, True], met
+    assert queued, "the second call on the shared pool never waited for the first"
     assert alone == [True, True], alone
 
 
