@@ -15,7 +15,8 @@
    trainer's closing weight sync wakes it.
 
 Algorithms never re-implement these steps; they ask for options through the request. With an
-environment (``[environment]``), step 1 is the multi-turn loop of :mod:`verl_core.agent_loop`: the
+environment (``[environment]``), step 1 is the environment class's episode runner
+(:meth:`~verl_core.interfaces.Environment.run_episodes`, the multi-turn loop of verl-env-kit): the
 batch then holds whole trajectories with tool output masked out, and the environment's per-turn
 rewards are added to the reward stage's scores (on the turns' last tokens).
 """
@@ -28,11 +29,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from verl_core.agent_loop import ENV_REWARDS, run_episodes
 from verl_core.batch import scores_to_token_rewards
 from verl_core.batch import Batch
 from verl_core.boundary import check_scores, finite_rows
-from verl_core.interfaces import PromptIds, RolloutRequest
+from verl_core.interfaces import ENV_REWARDS, PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 
 if TYPE_CHECKING:
@@ -89,9 +89,10 @@ def _timed_add(ctx: "StepContext", key: str, start: float) -> None:
 def _generate(ctx: "StepContext", prompts, sampling) -> Batch:
     start = time.perf_counter()
     if ctx.make_environment is not None:
-        batch = run_episodes(ctx.rollout, prompts, sampling, ctx.make_environment, ctx.environment_config,
-                             pad_id=ctx.rollout.tokenizer.pad_token_id, metrics=ctx.metrics, boundary=ctx.boundary,
-                             step=ctx.step)
+        # The trainer's make_environment is a functools.partial of the environment class.
+        batch = ctx.make_environment.func.run_episodes(
+            ctx.rollout, prompts, sampling, ctx.make_environment, ctx.environment_config,
+            pad_id=ctx.rollout.tokenizer.pad_token_id, metrics=ctx.metrics, boundary=ctx.boundary, step=ctx.step)
     else:
         batch = generate_batch(ctx.rollout, prompts, sampling, boundary=ctx.boundary, step=ctx.step)
     _timed_add(ctx, "timing/generate", start)

@@ -2,8 +2,8 @@
 
 Subclass :class:`EnvironmentConformance` and provide the fixtures:
 
-* ``environment``: a factory returning a new environment (one per trajectory, as the agent loop makes
-  them), e.g. ``lambda: MyEnv(MyEnv.Config())``;
+* ``environment``: a factory returning a new environment (one per trajectory, as the episode runner
+  makes them), e.g. ``lambda: MyEnv(MyEnv.Config())``;
 * ``task_row``: a prompt row as the data gives it (``{"prompt": [messages], "extra_info": {...},
   "ground_truth": ...}``);
 * ``responses`` (optional): model turns to step with; the default has a plausible answer, an empty
@@ -11,7 +11,9 @@ Subclass :class:`EnvironmentConformance` and provide the fixtures:
 
 Each value is checked with the core's own boundary checks (:mod:`verl_core.boundary`), so an
 environment that passes here is not stopped by them in a run. ``reset``, ``step`` and ``close`` may be
-coroutines, as the agent loop allows.
+coroutines, as the multi-turn loop allows. The class must have an episode runner
+(:meth:`~verl_core.interfaces.Environment.run_episodes`): subclassing ``verl_env_kit.MultiTurnEnvironment``
+gives it one.
 """
 
 from __future__ import annotations
@@ -65,6 +67,17 @@ class EnvironmentConformance:
         finally:
             _call(env.close)
 
+    def test_has_an_episode_runner(self, environment: Callable[[], Environment]) -> None:
+        """A run calls the class's run_episodes; the core's own raises (the loop lives in verl-env-kit)."""
+        env = environment()
+        try:
+            runner = getattr(type(env).run_episodes, "__func__", None)
+            assert runner is not None and runner is not Environment.run_episodes.__func__, (
+                f"{type(env).__name__} has no episode runner: subclass verl_env_kit.MultiTurnEnvironment "
+                f"(pip install verl-env-kit) instead of verl_core.interfaces.Environment")
+        finally:
+            _call(env.close)
+
     def test_reset_returns_chat_messages(self, environment: Callable[[], Environment],
                                          task_row: dict[str, Any]) -> None:
         env = environment()
@@ -92,7 +105,7 @@ class EnvironmentConformance:
 
     def test_close_can_be_called_after_any_point(self, environment: Callable[[], Environment],
                                                  task_row: dict[str, Any]) -> None:
-        """The agent loop closes every environment it made, whether reset ran, a step raised or the
+        """The episode runner closes every environment it made, whether reset ran, a step raised or the
         episode ended; closing twice must not fail either."""
         env = environment()
         _call(env.close)  # never reset

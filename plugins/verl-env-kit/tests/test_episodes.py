@@ -1,17 +1,20 @@
-"""The multi-turn agent loop: tokens as sampled, environment tokens masked out, append-only check."""
+"""The multi-turn loop: tokens as sampled, environment tokens masked out, append-only check; the core's
+rollout stage reaches it through the environment class."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
 
-from verl_core.agent_loop import ENV_REWARDS, check_append_only, run_episodes
-from verl_core.interfaces import Environment, EnvironmentConfig, ModelSpec, SamplingParams, StepResult
+from verl_core.interfaces import ENV_REWARDS, Environment, EnvironmentConfig, ModelSpec, SamplingParams, StepResult
+from verl_env_kit import MultiTurnEnvironment
+from verl_env_kit.episodes import check_append_only, run_episodes
 
 
-class Echo(Environment):
+class Echo(MultiTurnEnvironment):
     """Answers every turn with a fixed observation, twice, then ends with reward 1 (async steps)."""
 
     def __init__(self, config: EnvironmentConfig | None = None) -> None:
@@ -32,8 +35,8 @@ class Echo(Environment):
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
 
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_core.testing import tiny_model_dir
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     path = tiny_model_dir(tmp_path_factory.mktemp("agent"))
     tok = AutoTokenizer.from_pretrained(path)
@@ -49,8 +52,9 @@ def test_masks_tokens_and_rewards_on_real_trajectories(engine: Any) -> None:
     tok = engine.tokenizer
     config = EnvironmentConfig(max_turns=4, max_response_tokens=120)
     metrics: dict[str, float] = {}
-    batch = run_episodes(engine, _rows(), SamplingParams(n=2, max_new_tokens=6, seed=3), Echo, config,
-                         pad_id=tok.pad_token_id, metrics=metrics)
+    # As the rollout stage calls it: the environment class's episode runner, with the trainer's factory.
+    batch = Echo.run_episodes(engine, _rows(), SamplingParams(n=2, max_new_tokens=6, seed=3),
+                              functools.partial(Echo, config), config, pad_id=tok.pad_token_id, metrics=metrics)
     assert len(batch) == 6 and metrics["env/template_mismatch"] == 0
     for i in range(len(batch)):
         ids = batch.response_ids[i][batch.response_attention_mask[i].bool()].tolist()
@@ -90,14 +94,22 @@ def test_model_tokens_are_kept_as_sampled(engine: Any) -> None:
         assert float((ref[mask] - batch.rollout_log_probs[i][:n][mask]).abs().max()) < 1e-4
 
 
-def test_shipped_templates_are_append_only(engine: Any) -> None:
-    from verl_env_tools.task import build_tokenizer
-
+def test_the_chatml_template_is_append_only(engine: Any) -> None:
     conversation = [{"role": "user", "content": "3*4"}, {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
                     {"role": "tool", "content": "12"}, {"role": "assistant", "content": "12"}]
-    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"properties": {"e": {}}}}}]
     assert check_append_only(engine.tokenizer, conversation) is None
-    assert check_append_only(build_tokenizer(), conversation, tools) is None
+
+
+def test_an_environment_of_the_core_contract_alone_is_told_to_use_the_kit() -> None:
+    class Bare(Environment):
+        def reset(self, *, prompt, extra_info):
+            return list(prompt)
+
+        def step(self, response: str) -> StepResult:
+            return StepResult(None, 0.0, True)
+
+    with pytest.raises(NotImplementedError, match=r"subclass verl_env_kit.MultiTurnEnvironment.*pip install verl-env-kit"):
+        Bare.run_episodes(None, _rows(1), SamplingParams(), Bare, EnvironmentConfig(), pad_id=0)
 
 
 def test_a_template_that_rewrites_history_is_detected_and_never_trained_on(engine: Any) -> None:
@@ -111,7 +123,7 @@ def test_a_template_that_rewrites_history_is_detected_and_never_trained_on(engin
     conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
                     {"role": "user", "content": "o"}, {"role": "assistant", "content": "a2"}]
     assert "rewrites" in check_append_only(tok, conversation)
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     other = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=engine.model.path), tokenizer=tok)
     metrics: dict[str, float] = {}

@@ -1,6 +1,9 @@
-"""The multi-turn agent loop of the rollout stage: token-in/token-out, with a loss mask.
+"""The multi-turn episode runner: token-in/token-out, with a loss mask.
 
-Per trajectory (one per prompt and sample), with an environment created for it:
+:meth:`verl_env_kit.MultiTurnEnvironment.run_episodes` calls :func:`run_episodes`; the core's rollout
+stage and validation call that on the run's environment class
+(:meth:`verl_core.interfaces.Environment.run_episodes`). Per trajectory (one per prompt and sample),
+with an environment created for it:
 
 1. the environment's :meth:`~verl_core.interfaces.Environment.reset` gives the first messages
    (and its tools); the chat template renders them once into the prompt's token ids;
@@ -26,7 +29,8 @@ counts them, and a warning says which template) and never trains on mismatched t
 The response holds the model's turns and the environment's tokens; ``response_mask`` is 1 on model
 tokens and 0 on environment tokens, so losses, KL, entropy and advantages skip tool output. Each
 environment reward sits on the last model token of the turn it answered
-(``batch.extras["env_token_rewards"]``); the rollout stage adds them to the reward stage's scores.
+(``batch.extras[ENV_REWARDS]``, :data:`verl_core.interfaces.ENV_REWARDS`); the rollout stage adds them
+to the reward stage's scores.
 """
 
 from __future__ import annotations
@@ -44,18 +48,15 @@ import torch
 from verl_core.batch import Batch
 from verl_core.engine_kit import stop_token_ids
 from verl_core.boundary import Boundary, check_messages, check_step_result
-from verl_core.interfaces import PromptIds, SamplingParams, StepResult
+from verl_core.interfaces import ENV_REWARDS, PromptIds, SamplingParams, StepResult
 from verl_core.rollout_utils import left_pad, right_pad
 
 if TYPE_CHECKING:
     from verl_core.interfaces import Environment, EnvironmentConfig, RolloutEngine
 
-__all__ = ["run_episodes", "ENV_REWARDS", "render_tokens", "check_append_only"]
+__all__ = ["run_episodes", "render_tokens", "check_append_only"]
 
 logger = logging.getLogger(__name__)
-
-#: ``batch.extras`` key of the environment's rewards, ``[B, R]`` on the last model token of each turn.
-ENV_REWARDS = "env_token_rewards"
 
 
 @dataclass
@@ -129,9 +130,10 @@ def _assistant_closing(tokenizer: Any, tools: Any) -> str:
 
 
 def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sampling: SamplingParams,
-                 make_env: Callable[[], "Environment"], settings: "EnvironmentConfig", *, pad_id: int,
+                 make_env: Callable[[], "Environment"], config: "EnvironmentConfig", *, pad_id: int,
                  metrics: dict[str, float] | None = None, boundary: Boundary | None = None, step: int = 0) -> Batch:
-    """Run ``sampling.n`` trajectories per prompt row to the end; the batch of their responses.
+    """Run ``sampling.n`` trajectories per prompt row to the end, one environment from ``make_env()``
+    each, under ``config``'s turn, token and concurrency limits; the batch of their responses.
 
     What the environment and the engine return is checked as it arrives (``boundary``, with the
     plugins' names; a malformed value stops the step: :class:`~verl_core.boundary.PluginOutputError`).
@@ -139,15 +141,15 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
     boundary = boundary or Boundary()
     tokenizer = engine.tokenizer
     stop_ids = set(stop_token_ids(tokenizer, sampling.stop_token_ids))
-    budget = settings.max_response_tokens or sampling.max_new_tokens * settings.max_turns
-    pool = ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="verl-env")
+    budget = config.max_response_tokens or sampling.max_new_tokens * config.max_turns
+    pool = ThreadPoolExecutor(max_workers=max(1, config.concurrency), thread_name_prefix="verl-env")
     try:
         rows = [row for row in prompts for _ in range(sampling.n)]
         trajectories = list(pool.map(lambda i: _start(rows[i], make_env, tokenizer, boundary, f"at step {step}, row {i}"),
                                      range(len(rows))))
         closing = _assistant_closing(tokenizer, trajectories[0].tools) if trajectories else ""
         row_of = {id(t): i for i, t in enumerate(trajectories)}
-        for turn in range(settings.max_turns):
+        for turn in range(config.max_turns):
             active = [t for t in trajectories if not t.done]
             if not active:
                 break
@@ -177,7 +179,7 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
                 if result.reward:
                     t.rewards[_last_model_token(t.mask)] += float(result.reward)
                 t.tool_errors += int(bool(result.info.get("tool_error")))
-                if result.done or not result.observation or turn == settings.max_turns - 1:
+                if result.done or not result.observation or turn == config.max_turns - 1:
                     t.done = True
                     continue
                 _append_observation(t, result.observation, tokenizer, closing, stop_ids, budget)
