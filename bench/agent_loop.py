@@ -58,7 +58,6 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from verl_core.agent_loop import run_episodes
     from verl_core.interfaces import ModelSpec, SamplingParams
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_env_tools.env import ToolsConfig
@@ -80,8 +79,8 @@ def main() -> None:
                 config = ToolsConfig(concurrency=concurrency)
                 metrics: dict[str, float] = {}
                 start = time.perf_counter()
-                run_episodes(engine, rows[:size], sampling, lambda: env_cls(config), config,
-                             pad_id=tok.pad_token_id, metrics=metrics)
+                env_cls.run_episodes(engine, rows[:size], sampling, lambda: env_cls(config), config,
+                                     pad_id=tok.pad_token_id, metrics=metrics)
                 seconds = time.perf_counter() - start
                 results.setdefault((size, concurrency), []).append(size / seconds)
                 calls.setdefault((size, concurrency), []).append(metrics["env/turns_mean"])

@@ -20,12 +20,13 @@ import pytest
 MODULE = '''
 import torch
 
-from verl_core.interfaces import Environment, RolloutOutput, StepResult
+from verl_core.interfaces import RolloutOutput, StepResult
 from verl_core.rollout_hf import HFRollout
+from verl_env_kit import MultiTurnEnvironment
 from verl_rewards.manager import RewardManager
 
 
-class _Env(Environment):
+class _Env(MultiTurnEnvironment):
     """One turn: the prompt as given, then the planted value."""
     def reset(self, *, prompt, extra_info):
         return list(prompt)

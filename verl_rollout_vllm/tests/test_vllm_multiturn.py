@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from verl_core.agent_loop import run_episodes
-from verl_core.interfaces import Environment, EnvironmentConfig, SamplingParams, StepResult
+from verl_core.interfaces import EnvironmentConfig, SamplingParams, StepResult
+from verl_env_kit import MultiTurnEnvironment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-class OneObservation(Environment):
+class OneObservation(MultiTurnEnvironment):
     def __init__(self, config: EnvironmentConfig | None = None) -> None:
         super().__init__(config)
         self.turns = 0
@@ -35,9 +35,10 @@ def test_vllm_trajectories_mask_environment_tokens(vllm_engine: Any, model_dir: 
     rows = [{"prompt": [{"role": "user", "content": t}], "ground_truth": "", "data_source": "x"}
             for t in ("12+34=", "5+6=")]
     metrics: dict[str, float] = {}
-    batch = run_episodes(vllm_engine, rows, SamplingParams(n=2, max_new_tokens=6, seed=0), OneObservation,
-                         EnvironmentConfig(max_turns=2, max_response_tokens=36), pad_id=tok.pad_token_id,
-                         metrics=metrics)
+    config = EnvironmentConfig(max_turns=2, max_response_tokens=36)
+    batch = OneObservation.run_episodes(vllm_engine, rows, SamplingParams(n=2, max_new_tokens=6, seed=0),
+                                        lambda: OneObservation(config), config, pad_id=tok.pad_token_id,
+                                        metrics=metrics)
     assert metrics["env/template_mismatch"] == 0 and metrics["env/turns_mean"] == 2
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     for i in range(len(batch)):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_core.agent_loop import check_append_only
+from verl_env_kit.episodes import check_append_only
 from verl_env_tools.templates import QWEN25_STYLE_TEMPLATE
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "gsm8k_qwen_tools.toml"
@@ -36,6 +36,15 @@ def test_the_qwen_style_template_is_append_only(tmp_path: Path) -> None:
                     {"role": "tool", "content": "4"}, {"role": "assistant", "content": "#### 4"}]
     assert check_append_only(tok, conversation, TOOLS) is None
     assert "<tools>" in tok.apply_chat_template(conversation[:1], tools=TOOLS, tokenize=False)
+
+
+def test_the_builtin_tool_models_template_is_append_only() -> None:
+    from verl_env_tools.task import build_tokenizer
+
+    conversation = [{"role": "user", "content": "3*4"}, {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+                    {"role": "tool", "content": "12"}, {"role": "assistant", "content": "12"}]
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"properties": {"e": {}}}}}]
+    assert check_append_only(build_tokenizer(), conversation, tools) is None
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from verl_core.interfaces import Environment, EnvironmentConfig, StepResult
+from verl_core.interfaces import EnvironmentConfig, StepResult
+# The multi-turn loop your environment runs in (verl-env-kit); subclass it, not verl_core's Environment.
+from verl_env_kit import MultiTurnEnvironment
 
 __all__ = ["MyEnvironment", "MyEnvironmentConfig"]
 
@@ -33,7 +35,7 @@ class MyEnvironmentConfig(EnvironmentConfig):
             raise ValueError("correct_reward: must be >= 0")
 
 
-class MyEnvironment(Environment):
+class MyEnvironment(MultiTurnEnvironment):
     """A right answer ends the episode with ``correct_reward``; a wrong one is asked the question again.
 
     With the built-in task the ``arithmetic`` reward also scores the whole response text, which only a

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_core.interfaces import Environment, EnvironmentConfig, StepResult
+from verl_core.interfaces import EnvironmentConfig, StepResult
+from verl_env_kit import MultiTurnEnvironment
 
 from verl_env_tools.parsing import ToolCallError, load_parser
 from verl_env_tools.tools import TOOLS, ToolError
@@ -50,7 +51,7 @@ class ToolsConfig(EnvironmentConfig):
                                  "allow; set environment.allow_network = true to run it with network access")
 
 
-class ToolsEnvironment(Environment):
+class ToolsEnvironment(MultiTurnEnvironment):
     """Each model turn either calls tools (Hermes ``<tool_call>`` blocks, answered as ``tool``
     messages) or is the final answer (the trajectory ends; the reward function scores it).
 

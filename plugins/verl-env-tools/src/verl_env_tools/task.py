@@ -143,7 +143,7 @@ def build_model(tokenizer: Any, *, seed: int = SEED) -> Any:
 
 def trace_pieces(tokenizer: Any, row: dict) -> list[tuple[list[int], int]]:
     """A calculator trace as (token ids, trained?) pieces, built the way the agent loop builds them."""
-    from verl_core.agent_loop import render_tokens
+    from verl_env_kit.episodes import render_tokens
 
     a, b = row["prompt"][0]["content"].split("*")
     tools = [{"type": "function", "function": {"name": "calculator", "parameters": {
@@ -163,7 +163,6 @@ def trace_pieces(tokenizer: Any, row: dict) -> list[tuple[list[int], int]]:
 
 
 def _greedy_accuracy(model: Any, tokenizer: Any, rows: Sequence[dict]) -> float:
-    from verl_core.agent_loop import run_episodes
     from verl_core.interfaces import ModelSpec, SamplingParams
     from verl_core.rollout_hf import HFRollout, HFRolloutConfig
 
@@ -171,9 +170,9 @@ def _greedy_accuracy(model: Any, tokenizer: Any, rows: Sequence[dict]) -> float:
 
     engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path="", module=model), tokenizer=tokenizer)
     config = ToolsConfig()
-    batch = run_episodes(engine, [_row_with_ids(tokenizer, r) for r in rows],
-                         SamplingParams(n=1, greedy=True, max_new_tokens=64), lambda: ToolsEnvironment(config),
-                         config, pad_id=tokenizer.pad_token_id)
+    batch = ToolsEnvironment.run_episodes(engine, [_row_with_ids(tokenizer, r) for r in rows],
+                                          SamplingParams(n=1, greedy=True, max_new_tokens=64),
+                                          lambda: ToolsEnvironment(config), config, pad_id=tokenizer.pad_token_id)
     texts = tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in
                                     zip(batch.response_ids, batch.response_attention_mask)], skip_special_tokens=True)
     reward = ToolArithmeticReward()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_core.interfaces import Environment, StepResult
+from verl_core.interfaces import StepResult
+from verl_env_kit import MultiTurnEnvironment
 
 __all__ = ["VisionEnvironment"]
 
 
-class VisionEnvironment(Environment):
+class VisionEnvironment(MultiTurnEnvironment):
     """The policy answers a question about the prompt's image once; the reward function
     (``vision_shapes`` for the built-in task) scores the answer.
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_core.interfaces import DatasetProvider, Environment, ModelProvider, StepResult
+from verl_core.interfaces import DatasetProvider, ModelProvider, StepResult
+from verl_env_kit import MultiTurnEnvironment
 
 __all__ = ["Addition", "ArithmeticEnvironment", "TinyQwen2Addition", "arithmetic_reward"]
 
@@ -67,7 +68,7 @@ def arithmetic_reward(response: str, ground_truth: Any) -> float:
     return 1.0 if response.strip() == str(ground_truth).strip() else 0.0
 
 
-class ArithmeticEnvironment(Environment):
+class ArithmeticEnvironment(MultiTurnEnvironment):
     """One question, one answer: the reward is 1 when the answer equals the ground truth."""
 
     def __init__(self, config: Any = None) -> None:
