@@ -351,6 +351,25 @@ def _final_weights(run_dir: Path, _: Any = None) -> dict[str, torch.Tensor]:
         t.executor.shutdown()
 
 
+def _reached(run_dir: Path, step: int, event: str) -> bool:
+    """Whether the run in ``run_dir`` got to ``event`` of ``step``: its metrics line written ("logged"), its
+    checkpoint being written ("saving": the temporary directory, or already in place) or in place ("saved")."""
+    checkpoints = run_dir / "checkpoints"
+    if event == "logged":
+        metrics = run_dir / "metrics.jsonl"
+        for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # the line being written
+                continue
+            if row.get("step") == step and "ppo/actor_loss" in row:
+                return True
+        return False
+    if event == "saving" and any(checkpoints.glob(f".tmp-step_{step:06d}-*")):
+        return True
+    return (checkpoints / f"step_{step:06d}").is_dir()
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("mode", [("trainer.mode='colocate_async'",),
                                   pytest.param(RAY_SPLIT, marks=pytest.mark.long, id="separate_async")])
@@ -360,6 +379,7 @@ def test_kill_9_at_random_moments_loses_no_prompt_and_the_run_ends_as_the_uninte
     async run (colocate_async: its producer process too; separate_async: its Ray workers); each time the
     same command resumes. Every step trains the prompts the uninterrupted run trains at that step, and the
     run ends with its weights, bit for bit."""
+    import itertools
     import os
     import random
     import signal
@@ -372,37 +392,31 @@ def test_kill_9_at_random_moments_loses_no_prompt_and_the_run_ends_as_the_uninte
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     whole = tmp_path / "whole"
     subprocess.run(_cli_run(whole, overrides), check=True, env=env, capture_output=True, timeout=600)
-    # Each kill lands a random fraction of one of this machine's steps (measured above, same machine) after
-    # a step's metrics line appears: within the next step, its generation or its checkpoint, whatever the
-    # machine's speed. Each resumed segment trains at least one step, so 10 steps outlast three kills.
-    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
-    times = sorted(r["timing/step"] for r in rows if "timing/step" in r)
-    step_s = times[len(times) // 2]  # the median step
 
-    crashed = tmp_path / "crashed"
+    # Each kill waits for a moment the run itself marks, so it lands there on any machine, fast or slow:
+    # a step's metrics line (its checkpoint comes next, while the producer generates ahead), its checkpoint
+    # being written, or the checkpoint in place (the next step starts); each once, in a random order. The
+    # steps are drawn at random, two apart at least and before the last two, so each resumed run gets to
+    # its kill before it ends: exactly three kills on any machine.
     rng = random.Random(19)
-    kills = 0
-    for attempt in range(6):
+    plans = [p for p in itertools.combinations(range(2, steps - 1), 3) if p[1] - p[0] >= 2 and p[2] - p[1] >= 2]
+    kills = list(zip(rng.choice(plans), rng.sample(("logged", "saving", "saved"), 3)))
+    crashed = tmp_path / "crashed"
+    for step, event in kills:
         proc = subprocess.Popen(_cli_run(crashed, overrides), env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        if kills < 3:
-            # A random moment once training is under way: mid-step, mid-generation or mid-checkpoint.
-            metrics = crashed / "metrics.jsonl"
-            deadline = time.monotonic() + 300
-            start_lines = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
-            while proc.poll() is None and time.monotonic() < deadline:
-                if metrics.is_file() and len(metrics.read_text().splitlines()) > start_lines:
-                    break
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 1.0) * step_s)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-        proc.wait(timeout=600)
-        if proc.returncode == 0:
-            break
-    assert kills == 3, "the run ended before it could be killed three times; give it more steps"
-    assert proc.returncode == 0
+        try:
+            deadline = time.monotonic() + 600  # against a hang, not a measurement
+            while not _reached(crashed, step, event):
+                assert proc.poll() is None, f"the run ended (exit code {proc.returncode}) before step {step} {event}"
+                assert time.monotonic() < deadline, f"no step {step} {event} within 600 s"
+                time.sleep(0.01)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=600)
+        assert proc.returncode == -signal.SIGKILL, (step, event, proc.returncode)
+    done = subprocess.run(_cli_run(crashed, overrides), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (kills, done.stderr[-3000:])
     # Each resume cut metrics.jsonl back to its checkpoint: every step once, as in the uninterrupted run (#31).
     rows = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "ppo/actor_loss" in r] == list(range(1, steps + 1))

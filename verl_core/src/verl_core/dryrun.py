@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_core.config import Config, ConfigError, PluginSection, field_docs
+from verl_core.config import Config, PluginSection, field_docs
 
 __all__ = ["DryRunReport", "dry_run", "unset_keys", "parameter_count", "memory_estimate"]
 
@@ -169,7 +169,10 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     from verl_core.interfaces import ModelSpec
     from verl_core.registry import BUILTIN_PREFIX
     from verl_core.rundir import check_output_dir
-    from verl_core.trainer import Trainer, resolve_model_path
+    from verl_core.assembly import (check_sources, check_step_source, critic_spec, load_data, load_tokenizer,
+                                    make_boundary, resolve_model_path, reusable_old_log_probs)
+    from verl_core.assembly import model_config as read_model_config
+    from verl_core.trainer import Trainer
 
     started = time.perf_counter()
     report = DryRunReport()
@@ -178,20 +181,11 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     built = cfg.model.path.startswith(BUILTIN_PREFIX)
     model_path = resolve_model_path(cfg.model.path, registry)
     tok_path = cfg.model.tokenizer or model_path
-    trainer._check_sources(model_path, tok_path)
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.model.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("model.tokenizer" if cfg.model.tokenizer else "model.path",
-                          f"cannot load a tokenizer from {tok_path!r}: {exc}") from exc
+    check_sources(trainer, model_path, tok_path)
+    tokenizer, padded = load_tokenizer(cfg, tok_path)
     _check_run_dir(cfg, registry, check_output_dir)
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError(f"model.tokenizer: the tokenizer at {tok_path!r} has neither a pad nor an eos token")
-        tokenizer.pad_token = tokenizer.eos_token
-        report.warnings.append(f"the tokenizer at {tok_path!r} has no pad token; the run pads with its eos token")
+    if padded:
+        report.warnings.append(padded)
     trainer.tokenizer = tokenizer
     trainer.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                    trust_remote_code=cfg.model.trust_remote_code)
@@ -200,12 +194,12 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     needs = algorithm.requirements()
     if cfg.environment.name:
         registry.load("environment", cfg.environment.name)
-    trainer.critic_spec = trainer._critic_spec(needs.critic)
+    trainer.critic_spec = critic_spec(trainer, needs.critic)
     data_logger = logging.getLogger("verl.data")  # its warnings go to the report, not between its lines
     captured = _Capture()
     data_logger.addHandler(captured)
     try:
-        train_rows, val_rows = trainer._load_data(needs.data)
+        train_rows, val_rows = load_data(trainer, needs.data)
     finally:
         data_logger.removeHandler(captured)
     report.warnings += captured.messages
@@ -222,9 +216,9 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     builder = DataflowBuilder()
     algorithm.build_dataflow(builder)
     trainer.dataflow = builder.build()
-    trainer._check_step_source(needs)
-    reused = trainer._old_log_probs_reusable()
-    trainer._boundary()
+    check_step_source(trainer, needs)
+    reused = reusable_old_log_probs(trainer)
+    make_boundary(trainer)
     build_plugin_manager(registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
     world_size = int(getattr(cfg.executor.config, "world_size", 1) or 1)
     backend.check(model=trainer.model_spec, world_size=world_size)
@@ -233,7 +227,7 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     if cfg.run.resume not in ("auto", "never", "force"):
         CheckpointManager.verify(CheckpointManager.resolve(cfg.run.resume))
 
-    model_config = _model_config(model_path)
+    model_config = read_model_config(trainer) or {}
     _describe(report, cfg, registry, model_path=model_path, built=built, model_config=model_config,
               train_rows=train_rows, val_rows=val_rows, max_steps=max_steps, needs=needs,
               dataflow=trainer.dataflow, reused=reused, world_size=world_size, rows_shown=rows_shown)
@@ -261,13 +255,6 @@ def _check_run_dir(cfg: Config, registry: Any, check_output_dir: Callable[[Path]
     problem = refused_resume(run_dir, cfg, registry)
     if problem is not None:
         raise problem
-
-
-def _model_config(model_path: str) -> dict[str, Any]:
-    try:
-        return json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _describe(report: DryRunReport, cfg: Config, registry: Any, *, model_path: str, built: bool,
@@ -326,8 +313,8 @@ def _placement(cfg: Config, needs: Any, world_size: int) -> list[str]:
     placement = dict(getattr(ec, "placement", {}) or {})
     pools = {"default": world_size, **dict(getattr(ec, "pools", {}) or {})}
     if cfg.executor.name == "local":
-        return [f"executor local: every role in this process ({', '.join(roles)}); trainer.mode={cfg.trainer.mode}"]
-    lines = [f"executor {cfg.executor.name}: nodes {getattr(ec, 'nnodes', 1)}, trainer.mode={cfg.trainer.mode}"]
+        return [f"executor local: every role in this process ({', '.join(roles)}); trainer.mode={cfg.trainer.name}"]
+    lines = [f"executor {cfg.executor.name}: nodes {getattr(ec, 'nnodes', 1)}, trainer.mode={cfg.trainer.name}"]
     by_pool: dict[str, list[str]] = {}
     for role in roles:
         by_pool.setdefault(placement.get(role, "default"), []).append(role)

@@ -30,9 +30,9 @@ class SyncConfig:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             if getattr(self, f.name) != f.default:
-                raise ConfigError(f.name, f"applies to the overlapping modes only; set trainer.mode to "
-                                          f"'colocate_async' or 'separate_async' (verl-trainer-async), or leave "
-                                          f"it out")
+                raise ConfigError(f.name, "applies to the overlapping modes only; set trainer.mode to "
+                                          "'colocate_async' or 'separate_async' (verl-trainer-async), or leave "
+                                          "it out")
 
 
 class SyncSource(StepSource):

@@ -1,0 +1,229 @@
+"""How a run is assembled: the model, tokenizer and critic it starts from, its data, its checks on plugin
+output, each checked before any model loads. :class:`~verl_core.trainer.Trainer` (and the dry run, which
+walks the same checks) call these with the trainer ``t`` whose parts they read and set."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from verl_core.boundary import Boundary, plugin_label
+from verl_core.config import Config, ConfigError, config_to_dict, resolve_config
+from verl_core.data import HUB_ID, build_datasets, check_data_source
+from verl_core.interfaces import ModelSpec, Role
+from verl_core.multimodal import load_processor
+from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
+from verl_core.rollout_utils import check_rollout_multi_modal
+from verl_core.run_model import stand_in
+
+__all__ = ["resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "with_objects",
+           "load_tokenizer", "pad_with_eos", "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
+           "reusable_old_log_probs", "start_reward_model", "load_data"]
+
+
+def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
+    return backend.create_worker(role=role, model=model, world=world, seed=seed)
+
+
+def resolve_model_path(path: str, registry: PluginRegistry | None = None) -> str:
+    """Turn ``builtin:<name>`` into the local directory its ``verl.models`` plugin builds and caches."""
+    if path.startswith(BUILTIN_PREFIX):
+        return str(load_builtin(registry or PluginRegistry(), "model", path, key="model.path").model_dir())
+    return path
+
+
+#: How a run's config records a model, tokenizer or critic given to :class:`Trainer` as an object.
+OBJECT_PREFIX = "<object: "
+
+
+def object_source(obj: Any) -> str:
+    """The config entry of an object given to :class:`Trainer`: ``"<object: Qwen2ForCausalLM from '/m/q'>"``."""
+    origin = getattr(obj, "name_or_path", "")
+    return f"{OBJECT_PREFIX}{type(obj).__name__}{f' from {origin!r}' if isinstance(origin, str) and origin else ''}>"
+
+
+def check_model_source(path: str, key: str, *, need_config: bool = True, argument: str = "model") -> None:
+    """Refuse a model (or tokenizer) path that cannot load, before anything does (:class:`ConfigError` on ``key``).
+
+    A local path must be a directory, holding ``config.json`` when ``need_config``; a Hub id (``owner/name``)
+    is left to ``from_pretrained`` where a network exists. An object's entry (:func:`object_source`) asks
+    for the object again, as ``Trainer(..., argument=...)``.
+    """
+    if path.startswith(OBJECT_PREFIX):
+        raise ConfigError(key, f"the run was given {path}, and a config or checkpoint cannot rebuild an object; pass "
+                               f"it again: Trainer.from_checkpoint(run_dir, {argument}=...), or set {key} to a "
+                               f"model directory")
+    where = Path(path).expanduser()
+    if where.is_dir():
+        if need_config and not (where / "config.json").is_file():
+            raise ConfigError(key, f"{path!r} has no config.json, so it is not a Hugging Face model directory "
+                                   f"(save_pretrained writes one)")
+    elif where.exists():
+        raise ConfigError(key, f"{path!r} is a file; give a Hugging Face model directory (save_pretrained output)")
+    elif path.startswith(("/", ".", "~")) or not HUB_ID.match(path):
+        raise ConfigError(key, f"{path!r} does not exist; give a local Hugging Face model directory, a builtin: "
+                               f"model such as builtin:tiny-qwen2-addition, or a Hub id (owner/name) where a "
+                               f"network exists")
+
+
+#: Every algorithm's config before Core v2 (now PPOFamilyConfig), with the old defaults.
+_V1_ALGORITHM_DEFAULTS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 0.0, "kl_coef": 0.0,
+                          "kl_estimator": "low_var_kl", "kl_in_reward": False, "entropy_coef": 0.0,
+                          "loss_agg_mode": "token-mean", "use_rollout_log_probs": False, "rollout_is_cap": 0.0}
+
+
+def _without_v1_algorithm_keys(raw: dict[str, Any], registry: PluginRegistry) -> dict[str, Any]:
+    """A pre-Core-v2 config.toml: drop PPO keys at their old defaults that the algorithm (DPO, SPIN, ...)
+    no longer takes; one set to anything else is left for the config check to refuse by name."""
+    section = raw.get("algorithm")
+    if not isinstance(section, dict):
+        return raw
+    config_cls = getattr(registry.load("algorithm", section.get("name", "grpo")), "Config", None)
+    accepted = {f.name for f in dataclasses.fields(config_cls)} if config_cls else set()
+    stale = [k for k, v in _V1_ALGORITHM_DEFAULTS.items() if k in section and k not in accepted and section[k] == v]
+    if stale:
+        logging.getLogger(__name__).warning("the saved config predates Core v2; dropping algorithm keys its algorithm "
+                                            "no longer has (at their old defaults): %s", ", ".join(stale))
+        raw = {**raw, "algorithm": {k: v for k, v in section.items() if k not in stale}}
+    return raw
+
+
+def _create_reward_model_worker(backend: Any, model: ModelSpec, seed: int, world: Any) -> Any:
+    # Module level, not a closure: executors may pickle the factory into worker processes.
+    return backend.create_worker(role=Role.REWARD_MODEL, model=model, world=world, seed=seed)
+
+
+def with_objects(config: Config, registry: Any, *, model: Any, tokenizer: Any, critic: Any) -> Config:
+    """The config re-resolved for objects: their entries recorded, the model's own defaults under the user's."""
+    raw = json.loads(json.dumps(config.raw if config.raw is not None else config_to_dict(config)))
+    section = raw.setdefault("model", {})
+    for key, obj in (("path", model), ("tokenizer", tokenizer), ("critic_path", critic)):
+        if obj is not None:
+            section[key] = object_source(obj)
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return resolve_config(raw, registry, max_positions=positions)
+
+
+def load_tokenizer(config: Config, path: str) -> tuple[Any, str | None]:
+    """The run's tokenizer from ``path``, padding with its eos token when it has no pad token (then with a
+    note saying so: padded positions are masked out, so this changes nothing learned)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("model.tokenizer" if config.model.tokenizer else "model.path",
+                          f"cannot load a tokenizer from {path!r}: {exc}") from exc
+    return tokenizer, pad_with_eos(tokenizer, path)
+
+
+def pad_with_eos(tokenizer: Any, path: str) -> str | None:
+    """Give a tokenizer without a pad token its eos token as one; the note to show, or None when it had one."""
+    if tokenizer.pad_token_id is not None:
+        return None
+    if tokenizer.eos_token_id is None:
+        raise ConfigError("model.tokenizer", f"the tokenizer at {path!r} has neither a pad nor an eos token")
+    tokenizer.pad_token = tokenizer.eos_token
+    return (f"the tokenizer at {path!r} has no pad token; padding with its eos token {tokenizer.eos_token!r} "
+            f"(padded positions are masked out, so this changes nothing learned)")
+
+
+def check_sources(t: Any, model_path: str, tok_path: str) -> None:
+    """Paths that cannot load fail here, naming their key, not later as a traceback from transformers."""
+    cfg = t.config
+    if t._model_obj is None:
+        check_model_source(model_path, "model.path")
+    elif t.tokenizer is None and not cfg.model.tokenizer:
+        raise ConfigError("model.tokenizer", "a model given as an object needs its tokenizer: pass tokenizer= "
+                                             "too, or set model.tokenizer to a tokenizer directory")
+    if t.tokenizer is None and cfg.model.tokenizer:
+        check_model_source(tok_path, "model.tokenizer", need_config=False, argument="tokenizer")
+    for key, spec in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        check_data_source(spec, key)
+
+
+def critic_spec(t: Any, needed: bool) -> ModelSpec:
+    """Where the critic starts: ``critic_model=`` or ``model.critic_path``, else the actor's model."""
+    path = t.config.model.critic_path
+    if t._critic_obj is None and not path:
+        return t.model_spec
+    if not needed:
+        raise ConfigError("model.critic_path", f"algorithm {t.config.algorithm.name!r} trains no critic; "
+                                               f"leave model.critic_path and critic_model= out, or use one "
+                                               f"with a critic (ppo)")
+    if t._critic_obj is None:
+        path = stand_in(t.run_dir, "model.critic_path", resolve_model_path(path, t.registry))
+        check_model_source(path, "model.critic_path", argument="critic_model")
+    return dataclasses.replace(t.model_spec, path=path, module=t._critic_obj)
+
+
+def check_step_source(t: Any, needs: Any) -> None:
+    """Refuse a ``trainer.mode`` the algorithm or the executor cannot run (:class:`ConfigError`)."""
+    cfg = t.config
+    t.registry.load("step_source", cfg.trainer.name).check(
+        cfg.trainer.config, mode=cfg.trainer.name, algorithm=cfg.algorithm.name,
+        generates=t.dataflow.rollout_request is not None, off_policy=needs.off_policy,
+        executor=t.registry.load("executor", cfg.executor.name), executor_config=cfg.executor.config)
+
+
+def model_config(t: Any) -> dict[str, Any] | None:
+    """The policy model's Hugging Face config as a dict (of the object, else its config.json); None unknown."""
+    module = t.model_spec.module
+    try:
+        return (module.config.to_dict() if module is not None else
+                json.loads((Path(t.model_spec.path) / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def make_boundary(t: Any) -> Boundary:
+    """The checks on what this run's plugins return, with their names (one per rollout engine)."""
+    cfg, label = t.config, functools.partial(plugin_label, t.registry)
+    vocab = len(t.tokenizer)
+    config = model_config(t) or {}
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        # A model may have more embedding rows than its tokenizer has tokens (Qwen: 151,936 and 151,665).
+        vocab = max(vocab, int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0))
+    return Boundary(rollout=label("rollout", cfg.rollout.name), scorer=label("scorer", cfg.reward.name),
+                    environment=label("environment", cfg.environment.name) if cfg.environment.name else "",
+                    algorithm=label("algorithm", cfg.algorithm.name), vocab_size=vocab,
+                    on_invalid=getattr(cfg.reward.config, "on_invalid", "stop"))
+
+
+def reusable_old_log_probs(t: Any) -> bool:
+    """The run's half of :func:`~verl_core.dataflow.old_log_probs_reusable`: only the actor update reads
+    the old log-probs, which the actor computes (not the engine), and no dropout makes two forwards differ."""
+    if not t.dataflow.old_log_probs_only_for_update:
+        return False
+    config = model_config(t)
+    if config is None:
+        return False  # unknown dropout: keep the forward
+    settings = {**config, **dataclasses.asdict(t.config.backend.config)}
+    return not any(isinstance(v, (int, float)) and v > 0 for k, v in settings.items()
+                   if k.endswith(("dropout", "pdrop", "dropout_prob", "dropout_rate")))
+
+
+def start_reward_model(t: Any, backend: Any, path: str) -> None:
+    """Start the ``reward_model`` worker group on the training backend and hand it to the scorer."""
+    from transformers import AutoTokenizer
+
+    cfg = t.config
+    spec = ModelSpec(path=path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    factory = functools.partial(_create_reward_model_worker, backend, spec, cfg.run.seed)
+    group = t.executor.create_group(role=Role.REWARD_MODEL, factory=factory)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    t.reward.attach_reward_model(group, tokenizer)
+
+
+def load_data(t: Any, format: str = "prompts") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    processor = load_processor(t.model_spec.path, t.tokenizer)
+    train, val, t.data_stats = build_datasets(t.config.data, t.tokenizer, t.registry, format=format,
+                                                 processor=processor)
+    check_rollout_multi_modal(t.registry.load("rollout", t.config.rollout.name), t.config.rollout.name,
+                              [*train, *val])
+    return train, val

@@ -1,0 +1,88 @@
+"""Validation: every validation prompt generated with the validation sampling and scored, as the run's
+loop asks for it (``run.val_every``, the first and the last step)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from verl_core.boundary import check_scores, finite_rows
+from verl_core.interfaces import ENV_REWARDS
+from verl_core.samples import sample_records, spread
+
+__all__ = ["validate"]
+
+
+def validate(t: Any) -> dict[str, float]:
+    """Generate for every validation prompt of trainer ``t`` with the validation sampling, score it, and
+    report the metrics and ``run.val_samples`` of the samples to the hooks."""
+    rc = t.config.rollout.config
+    sampling = rc.sampling(seed=t.config.run.seed, validation=True)
+    rows = t.val_rows
+    chunk = t.config.data.val_batch_size or len(rows)
+    texts: list[str] = []
+    meta: dict[str, list[Any]] = {"ground_truth": [], "data_source": [], "extra_info": [], "prompt_text": [],
+                                  "prompt_messages": []}
+    t.hooks.hook.verl_validation_start(step=t.step, samples=len(rows) * sampling.n)
+    start = time.perf_counter()
+    env_rewards = []
+    shown: dict[str, list[Any]] = {"tokens": [], "finish": [], "transcript": []}  # for the samples
+    for s in range(0, len(rows), chunk):
+        part = rows[s:s + chunk]
+        if t.make_environment is not None:  # whole trajectories, tools and all
+            batch = t.make_environment.func.run_episodes(  # a functools.partial of the environment class
+                t.rollout, part, sampling, t.make_environment, t.config.environment.config,
+                pad_id=t.tokenizer.pad_token_id, boundary=t.boundary, step=t.step)
+            texts += t.tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(
+                batch.response_ids, batch.response_attention_mask)], skip_special_tokens=True)
+            env_rewards.append(batch.extras[ENV_REWARDS].sum(-1))
+            shown["tokens"] += batch.response_attention_mask.sum(-1).tolist()
+            shown["finish"] += batch.finish_reasons
+            shown["transcript"] += batch.meta["transcript"]
+        else:
+            out = t.boundary.engine_output(t.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling),
+                                           expected=len(part) * sampling.n, step=t.step)
+            texts += t.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+            shown["tokens"] += [len(ids) for ids in out.response_ids]
+            shown["finish"] += out.finish_reasons
+        for r in part:
+            for _ in range(sampling.n):
+                for k in meta:
+                    meta[k].append(r.get(k))
+    scores, reward_metrics = t.reward.score_texts(texts, meta)
+    scores = check_scores(scores, len(texts), source=t.boundary.scorer, step=t.step)
+    parts = [(t.boundary.scorer, scores)]
+    if env_rewards:
+        parts.append((t.boundary.environment, torch.cat(env_rewards)))
+        scores = scores + parts[-1][1]
+    # A non-finite reward stops here as in training; skipped rows leave the mean, not the count.
+    keep = finite_rows(scores, parts=parts, on_invalid=t.boundary.on_invalid, step=t.step)
+    mean = float(scores.mean() if keep is None else scores[keep].mean())
+    metrics = {"val/reward_mean": mean, "val/samples": float(len(texts)),
+               "timing/validation": time.perf_counter() - start}
+    metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items() if k.endswith("/mean")})
+    metrics["val/reward_errors"] = reward_metrics.get("reward/errors", 0.0)
+    _emit_samples(t, texts, meta, scores, shown)
+    t.hooks.hook.verl_validation_end(step=t.step, metrics=metrics)
+    t.hooks.hook.verl_metrics(step=t.step, metrics=metrics)
+    return metrics
+
+
+def _emit_samples(t: Any, texts: list[str], meta: dict[str, list[Any]], scores: torch.Tensor,
+                  shown: dict[str, list[Any]]) -> None:
+    """Hand ``run.val_samples`` of the validation's samples (spread over it) to the ``verl_samples`` hook."""
+    indices = spread(len(texts), t.config.run.val_samples)
+    if not indices:
+        return
+    if shown["transcript"]:
+        meta = {**meta, "transcript": shown["transcript"]}
+    per_row, chosen = len(texts) // max(1, len(t.val_rows)), set(indices)
+    prompts = [t.tokenizer.decode(t.val_rows[i // per_row]["prompt_ids"], skip_special_tokens=True)
+               if i in chosen else "" for i in range(len(texts))]
+    records = sample_records(step=t.step, split="val", prompts=prompts, responses=texts,
+                             rewards=scores.tolist(), meta=meta, response_tokens=shown["tokens"],
+                             finish_reasons=shown["finish"], groups=[i // per_row for i in range(len(texts))],
+                             indices=indices)
+    t.hooks.hook.verl_samples(step=t.step, split="val", samples=records)
