@@ -59,9 +59,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_env_tools.env import ToolsConfig
     from verl_env_tools.task import ensure_model, make_dataset
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     torch.set_num_threads(1)
     path = str(ensure_model())

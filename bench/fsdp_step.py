@@ -90,7 +90,7 @@ def make_batch():
 
 
 def loss_fn(*, batch, log_probs, entropy=None, values=None):
-    from verl_core.algorithms import functional as F
+    from verl_algorithms import functional as F
 
     loss, _ = F.ppo_clip_loss(log_probs, batch.old_log_probs, batch.advantages, batch.response_mask,
                               clip_low=0.2, clip_high=0.2)

@@ -112,7 +112,7 @@ def _builtin_rollout_inputs() -> tuple[str, Any, list[list[int]]]:
 
 def vllm_seeds() -> None:
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     builtin, tok, prompts = _builtin_rollout_inputs()
@@ -138,7 +138,7 @@ def vllm_settings() -> None:
     """The built-in rollout (64 prompts x 8, 4 new tokens) on vLLM engines with other scheduler
     settings, next to the HF rollout: does any vLLM setting beat HF on the 0.5M built-in model?"""
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     builtin, tok, prompts = _builtin_rollout_inputs()
@@ -186,8 +186,8 @@ def vllm_lengths() -> None:
     responses run on) as the response budget grows: where does vLLM's per-request cost stop
     outweighing HF's batched forward? Also the first call on a fresh engine (lazy start-up work)."""
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_core.testing import tiny_model_dir
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     _, tok, prompts = _builtin_rollout_inputs()
@@ -368,7 +368,7 @@ def hf_generate() -> None:
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as work:

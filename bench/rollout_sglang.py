@@ -8,7 +8,7 @@ One thread per engine, the same prompts and sampling settings for all:
 * **verl sglang**: :class:`verl_rollout_sglang.engine.SGLangRollout` (a server in SGLang's own
   environment, torch 2.14.1, over HTTP);
 * **verl vllm**: :class:`verl_rollout_vllm.engine.VLLMRollout` (in-process);
-* **verl HF**: :class:`verl_core.rollout_hf.HFRollout`.
+* **verl HF**: :class:`verl_rollout_hf.HFRollout`.
 
 Workloads: the built-in task (its warm-started model, short answers) and a ~16M-parameter model of
 the same family (random weights, 56 new tokens). Each workload runs in its own child process (vLLM
@@ -53,7 +53,7 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_sglang.engine import SGLangRollout, SGLangRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
     from verl_task_arithmetic.addition import ensure_builtin_model

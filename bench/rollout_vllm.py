@@ -2,7 +2,7 @@
 
 One process, one thread, the same prompts and sampling settings for all three:
 
-* **HF**: :class:`verl_core.rollout_hf.HFRollout` (``transformers`` ``generate``);
+* **HF**: :class:`verl_rollout_hf.HFRollout` (``transformers`` ``generate``);
 * **verl vllm**: :class:`verl_rollout_vllm.engine.VLLMRollout`;
 * **raw vLLM**: ``LLM.generate`` called directly on that engine's own ``LLM`` with the very
   prompts and per-prompt ``SamplingParams`` the engine builds (made before the clock starts), so
@@ -159,7 +159,7 @@ def _large_workload(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from verl_core.interfaces import ModelSpec
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_task_arithmetic.addition import ensure_builtin_model
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
@@ -193,7 +193,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_core.interfaces import ModelSpec
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_task_arithmetic.addition import ensure_builtin_model
     from verl_core.testing import tiny_model_dir
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig

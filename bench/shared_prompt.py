@@ -55,7 +55,7 @@ def _train(model_dir: str, batch, shared: str) -> tuple[float, float]:
 
 def _generate(model_dir: str, prompts, shared: bool) -> float:
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     class Tokens:  # what the engine reads of a tokenizer
         eos_token_id, pad_token_id = 15, 0

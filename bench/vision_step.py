@@ -36,9 +36,9 @@ def _child(settings: dict, steps: int) -> dict:
     from verl_core.data import render_rows
     from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
     from verl_core.multimodal import load_processor
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_core.rollout_utils import generate_batch
     from verl_env_vision.task import ensure_model, make_dataset
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     path = str(ensure_model())

@@ -18,7 +18,7 @@ def _signature_block() -> str:
 
 
 def test_the_functional_signatures_in_the_guide_are_the_real_ones() -> None:
-    from verl_core.algorithms import functional as F
+    from verl_algorithms import functional as F
 
     # One entry per function; continuation lines (indented) belong to the line above.
     entries = re.sub(r"\n\s+", " ", _signature_block()).strip().splitlines()
@@ -48,7 +48,7 @@ def test_the_rename_table_lists_every_file_of_the_template_that_names_it() -> No
 def test_the_guide_names_the_entropy_knob_the_base_config_already_has() -> None:
     from dataclasses import fields
 
-    from verl_core.algorithms.base import PPOFamilyConfig
+    from verl_algorithms.base import PPOFamilyConfig
 
     defaults = {f.name: f.default for f in fields(PPOFamilyConfig)}
     assert "`entropy_coef` (default 0.0) is already a field of `PPOFamilyConfig`" in GUIDE

@@ -85,9 +85,12 @@ def test_every_distribution_builds_and_a_fresh_virtualenv_installs_and_trains(tm
                             env=clean_env, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     plugins = {(p["kind"], p["name"]): p for p in json.loads(listed.stdout)}
-    for key, dist in ((("rollout", "vllm"), "verl-rollout-vllm"), (("rollout", "openai"), "verl-rollout-vllm"),
+    for key, dist in ((("rollout", "hf"), "verl-rollout-hf"), (("rollout", "vllm"), "verl-rollout-vllm"),
+                      (("rollout", "openai"), "verl-rollout-vllm"), (("algorithm", "grpo"), "verl-algorithms"),
+                      (("algorithm", "ppo"), "verl-algorithms"),
                       (("backend", "fsdp"), "verl-backend-fsdp"), (("executor", "torchrun"), "verl-executor-torchrun"),
-                      (("scorer", "default"), "verl-rewards"), (("model", "tiny-qwen2-addition"), "verl-task-arithmetic")):
+                      (("scorer", "default"), "verl-rewards"), (("model", "tiny-qwen2-addition"), "verl-task-arithmetic"),
+                      (("config_format", "verl-yaml"), "verl-config-import")):
         assert plugins[key]["distribution"] == dist and plugins[key]["status"] == "available", plugins.get(key)
 
     out = tmp_path / "run"

@@ -21,9 +21,9 @@ MODULE = '''
 import torch
 
 from verl_core.interfaces import RolloutOutput, StepResult
-from verl_core.rollout_hf import HFRollout
 from verl_env_kit import MultiTurnEnvironment
 from verl_rewards.manager import RewardManager
+from verl_rollout_hf import HFRollout
 
 
 class _Env(MultiTurnEnvironment):

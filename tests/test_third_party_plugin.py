@@ -15,7 +15,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "verl-algo-signonly"
 version = "0.0.1"
-dependencies = ["verl-core>=0.1,<0.2"]
+dependencies = ["verl-core>=0.1,<0.2", "verl-algorithms>=0.1,<0.2"]
 
 [project.entry-points."verl.plugin_api"]
 v2 = "verl_algo_signonly"
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
+from verl_algorithms import functional as F
+from verl_algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.hooks import hookimpl
 
 
@@ -44,7 +44,7 @@ class SignOnlyConfig(PPOFamilyConfig):
 
 
 class SignOnly(PolicyGradient):
-    """The standard step and PPO-clip loss of the core's PolicyGradient; only the advantages are its own."""
+    """The standard step and PPO-clip loss of verl-algorithms' PolicyGradient; only the advantages are its own."""
 
     Config = SignOnlyConfig
 

@@ -1,6 +1,7 @@
 """verl: reinforcement-learning post-training for language models.
 
-This package re-exports the public Python API of ``verl-core`` (see :mod:`verl_core`), the reward
+This package re-exports the public Python API of ``verl-core`` (see :mod:`verl_core`), the algorithms
+of ``verl-algorithms`` (``GRPO``, ``PPO``, ``PolicyGradient``, ``PPOFamilyConfig``) and the reward
 decorators of ``verl-rewards`` (``per_sample``, ``batch_reward``), which ``pip install verl`` installs,
 and adds ``PPOTrainer``, ``GRPOTrainer`` and ``DataConfig`` (:mod:`verl.trainers`), a thin layer over
 :class:`~verl_core.trainer.Trainer` in the shape many articles show. ``ExternalInferenceClient`` and
@@ -14,6 +15,10 @@ import verl_core as _core
 
 #: Names from the default plugins and from this package, by the module that provides them (loaded on first use).
 _PLUGIN_EXPORTS = {
+    "GRPO": "verl_algorithms.grpo",
+    "PPO": "verl_algorithms.ppo",
+    "PolicyGradient": "verl_algorithms.base",
+    "PPOFamilyConfig": "verl_algorithms.base",
     "per_sample": "verl_rewards",
     "batch_reward": "verl_rewards",
     "PPOTrainer": "verl.trainers",

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms.grpo import GRPO, GRPOConfig
 from verl_core.batch import Batch
 from verl_core.config import ConfigError, build_dataclass
 from verl_core.dataflow import DataflowBuilder, StepContext
@@ -41,7 +41,7 @@ def batch_of(scores, groups, lengths, *, width=None, old=None, ref=None):
     B = len(scores)
     mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
     scores_t = torch.tensor(scores, dtype=torch.float32)
-    from verl_core.algorithms.functional import scores_to_token_rewards
+    from verl_algorithms.functional import scores_to_token_rewards
 
     return Batch(prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
                  response_ids=5 * mask, response_attention_mask=mask, response_mask=mask.clone(),

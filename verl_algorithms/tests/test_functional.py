@@ -1,14 +1,17 @@
-"""Advantage and loss math of the built-in algorithms against hand-computed values."""
+"""Advantage and loss math of GRPO and PPO (verl_algorithms.functional) against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
-from verl_core.algorithms.ppo import PPO, PPOConfig
 from verl_core.batch import Batch
+from verl_core.testing import make_batch
+
+from verl_algorithms import functional as F
+from verl_algorithms.base import PPOFamilyConfig
+from verl_algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms.ppo import PPO, PPOConfig
 
 
 def test_grpo_advantages_by_hand():
@@ -196,3 +199,29 @@ def test_group_std_conventions_by_hand():
     torch.testing.assert_close(GRPO(cfg).compute_advantages(batch)[0], population, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="group_std"):
         GRPOConfig(group_std="n-1").validate()
+
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_recorded_budget():
+    batch = make_batch(batch_size=2, group_size=2, response_length=4, tool_tokens=False, advantages=True)
+    cfg = GRPOConfig(loss_agg_mode="seq-mean-token-sum-norm")
+    lp = batch.old_log_probs.clone()  # ratio 1: the loss is -sum(A) per sequence / length, mean over sequences
+    width, _ = F.ppo_policy_loss(cfg, batch=batch, log_probs=lp, entropy=None)
+    budget, _ = F.ppo_policy_loss(cfg, batch=batch.replace(info={**batch.info, "max_new_tokens": 16}), log_probs=lp,
+                                  entropy=None)
+    per_seq = -(batch.advantages * batch.response_mask).sum(-1)
+    torch.testing.assert_close(width, per_seq.sum() / 4 / 2)
+    torch.testing.assert_close(budget, per_seq.sum() / 16 / 2)
+
+
+def test_policy_regularizers_add_kl_and_entropy_terms():
+    batch = make_batch(batch_size=2, group_size=2, response_length=3, tool_tokens=False, ref_log_probs=True)
+    lp = batch.old_log_probs.clone()
+    ent = torch.full(lp.shape, 2.0)
+    none, metrics = F.policy_regularizers(PPOFamilyConfig(), batch=batch, log_probs=lp, entropy=ent)
+    assert float(none) == 0.0 and metrics["ppo/entropy"] == pytest.approx(2.0)
+    cfg = PPOFamilyConfig(kl_coef=0.5, kl_estimator="k1", entropy_coef=0.1)
+    term, metrics = F.policy_regularizers(cfg, batch=batch, log_probs=lp, entropy=ent)
+    kl = F.masked_mean(lp - batch.ref_log_probs, batch.response_mask)
+    torch.testing.assert_close(term, 0.5 * kl - 0.1 * 2.0)
+    assert metrics["ppo/kl_loss"] == pytest.approx(float(kl))

@@ -1,70 +1,56 @@
-"""The core's built-in plugins against the shared conformance suites.
+"""GRPO and PPO, loaded through the registry as ``verl run --algo`` loads them, against the core's
+:class:`AlgorithmConformance` (GRPO by default and with a KL term, as a loss and folded into the
+rewards; PPO by default).
 
-GRPO (default config and with a KL term) and PPO run :class:`AlgorithmConformance`; the Hugging
-Face rollout, stand-alone on the tiny built-in model, runs :class:`RolloutConformance`.
+Loading by entry-point name also checks that this distribution, not the core, provides both.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import functools
 
 import pytest
 import torch
 
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
-from verl_core.algorithms.ppo import PPO, PPOConfig
-from verl_core.interfaces import ModelSpec
-from verl_core.rollout_hf import HFRollout, HFRolloutConfig
-from verl_core.testing import AlgorithmConformance, RolloutConformance, tiny_model_dir
+from verl_core.registry import PluginRegistry
+from verl_core.testing import AlgorithmConformance
 
 # The machine is shared: one thread keeps these tests from stealing cores.
 torch.set_num_threads(1)
 
+NAMES = ("grpo", "ppo")
+
+
+@functools.lru_cache(maxsize=None)
+def algorithm_class(name: str) -> type:
+    return PluginRegistry().load("algorithm", name)
+
+
+def load(name: str, **config):
+    cls = algorithm_class(name)
+    return cls(cls.Config(**config))
+
+
+def test_grpo_and_ppo_come_from_this_distribution():
+    infos = {info.name: info for info in PluginRegistry().list("algorithm")}
+    for name in NAMES:
+        assert name in infos, f"{name} is not installed: pip install -e verl_algorithms"
+        assert infos[name].distribution == "verl-algorithms", infos[name]
+        assert infos[name].status == "available", infos[name].message
+    from verl_algorithms.grpo import GRPO
+    from verl_algorithms.ppo import PPO
+
+    assert (algorithm_class("grpo"), algorithm_class("ppo")) == (GRPO, PPO)
+
 
 class TestGRPOConformance(AlgorithmConformance):
-    @pytest.fixture
-    def algorithm(self) -> GRPO:
-        return GRPO(GRPOConfig())
-
-
-class TestGRPOWithKLConformance(AlgorithmConformance):
-    @pytest.fixture
-    def algorithm(self) -> GRPO:
-        return GRPO(GRPOConfig(kl_coef=0.01))
+    @pytest.fixture(params=[{}, {"kl_coef": 0.01}, {"kl_coef": 0.01, "kl_in_reward": True, "kl_estimator": "k1"}],
+                    ids=["default", "kl-loss", "kl-in-reward"])
+    def algorithm(self, request):
+        return load("grpo", **request.param)
 
 
 class TestPPOConformance(AlgorithmConformance):
     @pytest.fixture
-    def algorithm(self) -> PPO:
-        return PPO(PPOConfig())
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return tiny_model_dir(tmp_path_factory.mktemp("hf-rollout"))
-
-
-class TestHFRolloutConformance(RolloutConformance):
-    # Loading the tiny model once per class is enough: the weight tests restore what they change.
-    @pytest.fixture(scope="class")
-    def engine(self, model_dir: str) -> Iterator[HFRollout]:
-        from transformers import AutoTokenizer
-
-        engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=model_dir),
-                           tokenizer=AutoTokenizer.from_pretrained(model_dir), actor=None)
-        yield engine
-        engine.close()
-
-    @pytest.fixture(scope="class")
-    def prompt_ids(self, engine: HFRollout) -> list[list[int]]:
-        tok = engine.tokenizer
-        # Different lengths, so the engine has to left-pad the batch.
-        texts = ["12+34=", "5+6=", "123+4=", "99+1="]
-        return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
-                                        return_dict=False) for t in texts]
-
-    @pytest.fixture(scope="class")
-    def reference_model(self, model_dir: str) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    def algorithm(self):
+        return load("ppo")

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.grpo import GRPOConfig
 from verl_core.testing import make_batch
+
+from verl_algorithms import functional as F
+from verl_algorithms.grpo import GRPOConfig
 
 
 def test_weights_are_the_truncated_ratio_by_hand() -> None:

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
-from verl_core.rollout_hf import HFRollout, HFRolloutConfig
 from verl_core.testing import BackendConformance, RolloutConformance, tiny_model_dir
+from verl_rollout_hf import HFRollout, HFRolloutConfig
 
 # The machine is shared: one thread keeps these tests from stealing cores.
 torch.set_num_threads(1)

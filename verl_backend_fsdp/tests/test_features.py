@@ -99,7 +99,7 @@ def test_lora_actor_can_generate_before_any_forward(model_dir):
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.interfaces import SamplingParams
-    from verl_core.rollout_hf import HFRollout
+    from verl_rollout_hf import HFRollout
 
     actor = FSDPBackend(FSDPConfig(lora_rank=4)).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
                                                                  world=WorldInfo(threads=1), seed=0)

@@ -14,8 +14,8 @@ import torch
 
 from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
 from verl_core.interfaces import ModelSpec, Role, WorldInfo
-from verl_core.rollout_hf import HFRollout, HFRolloutConfig
 from verl_core.testing import BackendConformance, RolloutConformance, chat_prompt_ids, tiny_model_dir
+from verl_rollout_hf import HFRollout, HFRolloutConfig
 
 
 pytestmark = pytest.mark.megatron

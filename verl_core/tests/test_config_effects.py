@@ -12,9 +12,9 @@ from typing import ClassVar
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import PPOFamilyConfig
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms import functional as F
+from verl_algorithms.base import PPOFamilyConfig
+from verl_algorithms.grpo import GRPO, GRPOConfig
 from verl_core.testing import EffectHarness, config_effect_batch, config_field_problems
 
 torch.set_num_threads(1)

@@ -445,6 +445,14 @@ def test_missing_first_party_plugin_says_what_to_install(site: Path) -> None:
     assert "Installed rollout plugins: hf." in str(excinfo.value)
 
 
+def test_the_default_algorithm_missing_says_to_install_verl_algorithms(site: Path) -> None:
+    # The core ships no algorithm: GRPO and PPO are verl-algorithms', and a core without it says so.
+    with pytest.raises(UnknownPluginError) as excinfo:
+        make_registry(site).load("algorithm", "grpo")
+    assert excinfo.value.install_hint == "pip install verl-algorithms"
+    assert "'grpo' is provided by a separate package: pip install verl-algorithms" in str(excinfo.value)
+
+
 def test_misspelled_first_party_plugin_suggests_it_with_install_hint(site: Path) -> None:
     reg = make_registry(site)
 

@@ -36,10 +36,10 @@ def builtin():
     """The built-in model directory, its tokenizer, and a GRPO batch sampled from it on the built-in task."""
     from transformers import AutoTokenizer
 
-    from verl_core.algorithms.functional import scores_to_token_rewards
-    from verl_core.algorithms.grpo import GRPO
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_algorithms.functional import scores_to_token_rewards
+    from verl_algorithms.grpo import GRPO
     from verl_core.rollout_utils import build_batch
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_task_arithmetic.addition import ensure_builtin_model, make_dataset, reward
 
     model_dir = str(ensure_builtin_model())
@@ -104,7 +104,7 @@ def test_two_fsdp_ranks_match_one_process(ray_session, builtin):
 def test_colocated_rollout_runs_in_the_actor_processes(ray_session, builtin):
     """World size 2, rollout on the actor's pool: the engine uses the local actor worker (no weight copy)."""
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     model_dir, tok, prompts, _, _ = builtin
     ids = [p["prompt_ids"] for p in prompts[:3]]  # 3 prompts over 2 ranks: one padded prompt
@@ -133,8 +133,8 @@ def test_colocated_rollout_runs_in_the_actor_processes(ray_session, builtin):
 def test_split_placement_sends_the_updated_weights(ray_session, builtin):
     """Rollout on a pool of its own: after a sync its log-probs are the updated actor's, not the old ones."""
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
     from verl_core.rollout_utils import build_batch
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     model_dir, tok, prompts, batch, algorithm = builtin
     executor = ray_executor(pools={"gen": 1}, placement={"rollout": "gen"})

@@ -20,7 +20,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "verl-algo-marked"
 version = "0.0.1"
-dependencies = ["verl-core>=0.1,<0.2"]
+dependencies = ["verl-core>=0.1,<0.2", "verl-algorithms>=0.1,<0.2"]
 
 [project.entry-points."verl.plugin_api"]
 v2 = "verl_algo_marked"
@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms.grpo import GRPO, GRPOConfig
 
 
 @dataclass

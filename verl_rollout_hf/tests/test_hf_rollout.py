@@ -1,4 +1,5 @@
-"""The HF rollout prefills each prompt once for its ``n`` samples: the same samples, fewer tokens."""
+"""The HF rollout's own behaviour: each prompt prefilled once for its ``n`` samples (the same samples, fewer
+tokens), and ``rollout.autocast``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import torch
 from transformers import AutoTokenizer
 
 from verl_core.interfaces import ModelSpec, SamplingParams
-from verl_core.rollout_hf import HFRollout, HFRolloutConfig
 from verl_core.testing import chat_prompt_ids, tiny_model_dir
+from verl_rollout_hf import HFRollout, HFRolloutConfig
 
 
 @pytest.fixture(scope="module")

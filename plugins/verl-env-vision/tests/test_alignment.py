@@ -10,8 +10,8 @@ from verl_core import rollout_stage
 from verl_core.data import PromptSampler, render_rows
 from verl_core.dataflow import StepContext
 from verl_core.interfaces import ModelSpec, RolloutRequest, Role, SamplingParams, WorldInfo
-from verl_core.rollout_hf import HFRollout, HFRolloutConfig
 from verl_env_vision.task import make_dataset
+from verl_rollout_hf import HFRollout, HFRolloutConfig
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import torch
 
 from verl_core.data import render_rows
 from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
-from verl_core.rollout_hf import HFRollout, HFRolloutConfig
 from verl_core.rollout_utils import generate_batch
 from verl_env_vision.task import make_dataset
+from verl_rollout_hf import HFRollout, HFRolloutConfig
 
 
 @pytest.fixture(scope="module")

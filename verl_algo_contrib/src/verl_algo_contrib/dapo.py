@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from verl_core.algorithms.functional import scores_to_token_rewards
-from verl_core.algorithms.base import LossAggMode
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms.base import LossAggMode
+from verl_algorithms.functional import scores_to_token_rewards
+from verl_algorithms.grpo import GRPO, GRPOConfig
 from verl_core.interfaces import RolloutRequest
 
 from verl_algo_contrib import functional as CF

@@ -24,8 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from verl_core.algorithms.functional import scores_to_token_rewards
-from verl_core.batch import Batch
+from verl_core.batch import Batch, scores_to_token_rewards
 from verl_core.data import DataError
 from verl_core.interfaces import RolloutOutput
 from verl_core.rollout_utils import build_batch

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_core.algorithms.base import LossAggMode
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms.base import LossAggMode
+from verl_algorithms.grpo import GRPO, GRPOConfig
 
 __all__ = ["DrGRPO", "DrGRPOConfig"]
 

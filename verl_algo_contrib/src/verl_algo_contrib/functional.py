@@ -1,6 +1,6 @@
 """Reusable pieces of the contributed algorithms, as small pure functions over tensors.
 
-They sit next to the core's :mod:`verl_core.algorithms.functional` (KL estimators, loss
+They sit next to verl-algorithms' :mod:`verl_algorithms.functional` (KL estimators, loss
 aggregation modes, the PPO-clip loss, GRPO and GAE advantages) and follow its conventions: masks
 are explicit, tokens with mask 0 (padding, tool outputs) never contribute, and every function
 stays finite on degenerate input (one-sample groups, empty responses, all-equal rewards).
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as torch_f
 
-from verl_core.algorithms.functional import agg_loss, masked_mean, masked_whiten, policy_regularizers, sequence_rewards
+from verl_algorithms.functional import agg_loss, masked_mean, masked_whiten, policy_regularizers, sequence_rewards
 from verl_core.batch import Batch
 
 __all__ = [
@@ -109,7 +109,7 @@ def returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor, *, g
     """``G_t = sum_{s >= t} gamma^(s-t) r_s`` over the policy's tokens ``[B, R]``.
 
     Masked positions (tool outputs inside a response, padding) neither add reward nor discount:
-    the running return carries over them, like GAE's recursion in the core.
+    the running return carries over them, like GAE's recursion in verl-algorithms.
     """
     mask = response_mask.to(token_rewards.dtype)
     running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype)
@@ -246,7 +246,7 @@ def clip_cov_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
     Cui et al., arXiv:2505.22617, section 4 (the paper's ``r = 2e-4``, ``omega_low = 1``,
     ``omega_high = 5``). At least one token is drawn when any qualifies. The draw is seeded by the
     candidates' positions: the same batch draws the same tokens. ``clip_c`` > 1 adds PPO's dual clip for negative
-    advantages, as in :func:`~verl_core.algorithms.functional.ppo_clip_loss`.
+    advantages, as in :func:`~verl_algorithms.functional.ppo_clip_loss`.
     """
     mask = response_mask.to(log_probs.dtype)
     log_ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0)
@@ -314,9 +314,9 @@ def vanilla_pg_loss(log_probs: torch.Tensor, advantages: torch.Tensor, response_
     """The plain policy gradient ``-A_t * log pi(y_t)``: no ratio, no clip (GPG, on-policy only).
     ``token_weights`` (detached) scale each token's loss, e.g. truncated importance weights.
 
-    ``norm_length`` here and in the other losses is :func:`~verl_core.algorithms.functional.agg_loss`'s:
+    ``norm_length`` here and in the other losses is :func:`~verl_algorithms.functional.agg_loss`'s:
     the constant ``seq-mean-token-sum-norm`` divides by (pass the batch's ``info["max_new_tokens"]``,
-    as the core's PPO loss does; the default, the tensor's width, changes with each micro-batch).
+    as verl-algorithms' PPO loss does; the default, the tensor's width, changes with each micro-batch).
     """
     mask = response_mask.to(log_probs.dtype)
     loss = -advantages * log_probs
@@ -330,7 +330,7 @@ def with_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, ent
                       is_metrics: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """A policy-gradient loss plus the KL/entropy terms ``config`` asks for, with ``ppo/*`` metrics.
 
-    The metric names are the core's (``ppo/pg_loss``, ``ppo/actor_loss``, ``ppo/<stat>``), so
+    The metric names are verl-algorithms' (``ppo/pg_loss``, ``ppo/actor_loss``, ``ppo/<stat>``), so
     dashboards and the console line read every algorithm the same way.
     """
     metrics = {"ppo/pg_loss": float(loss.detach()), **(is_metrics or {})}

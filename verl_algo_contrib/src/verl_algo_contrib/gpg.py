@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
+from verl_algorithms import functional as F
+from verl_algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
 from verl_core.interfaces import Requirements
 

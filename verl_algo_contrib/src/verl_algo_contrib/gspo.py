@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import LossAggMode
-from verl_core.algorithms.grpo import GRPO, GRPOConfig
+from verl_algorithms import functional as F
+from verl_algorithms.base import LossAggMode
+from verl_algorithms.grpo import GRPO, GRPOConfig
 from verl_core.batch import Batch
 
 from verl_algo_contrib import functional as CF

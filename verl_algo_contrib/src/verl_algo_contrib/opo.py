@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_algorithms.base import LossAggMode, PPOFamilyConfig, PolicyGradient
 from verl_core.batch import Batch
-from verl_core.algorithms.base import LossAggMode, PPOFamilyConfig, PolicyGradient
 
 from verl_algo_contrib import functional as CF
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_core.algorithms.functional import masked_whiten
+from verl_algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
+from verl_algorithms.functional import masked_whiten
 from verl_core.batch import Batch
-from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 
 from verl_algo_contrib import functional as CF
 

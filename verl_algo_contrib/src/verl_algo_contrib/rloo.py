@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
-from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 
 from verl_algo_contrib import functional as CF
 

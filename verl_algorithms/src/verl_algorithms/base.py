@@ -15,11 +15,12 @@ from typing import ClassVar, Mapping, get_args
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.functional import KLEstimator, LossAggMode
 from verl_core.batch import Batch
 from verl_core.dataflow import DataflowBuilder
 from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements, RolloutRequest
+
+from verl_algorithms import functional as F
+from verl_algorithms.functional import KLEstimator, LossAggMode
 
 __all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode"]
 
@@ -37,7 +38,7 @@ class PPOFamilyConfig(AlgorithmConfig):
         kl_coef: weight of the KL to the reference policy (0 = no reference model needed).
         kl_estimator: verl's names and meanings: ``"k1"``/``"kl"``, ``"abs"``, ``"k2"``/``"mse"``,
             ``"k3"``/``"low_var_kl"`` (clamped, as verl's), and the straight-through ``"k1+"``,
-            ``"k3+"`` (:func:`~verl_core.algorithms.functional.kl_penalty` has the table).
+            ``"k3+"`` (:func:`~verl_algorithms.functional.kl_penalty` has the table).
         kl_in_reward: subtract the KL from token rewards (PPO style) instead of adding a loss term.
         entropy_coef: entropy bonus weight.
         loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or

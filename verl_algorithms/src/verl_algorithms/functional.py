@@ -3,6 +3,10 @@
 Advantage estimators, KL estimators, loss aggregation modes and the PPO-clip loss live here so
 that an algorithm plugin combines them instead of copying them. Every function takes masks
 explicitly: tokens with mask 0 (padding, tool outputs) never contribute.
+
+:func:`masked_mean`, :func:`scores_to_token_rewards` and :func:`kl_penalty` (with the estimator names)
+are the core's own (:mod:`verl_core.batch`: its rollout stage and ``kl_in_reward`` node use them) and
+are re-exported here, so that an algorithm finds all of its pieces in one module.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from verl_core.batch import Batch
+from verl_core.batch import KL_ESTIMATORS, Batch, KLEstimator, kl_penalty, masked_mean, scores_to_token_rewards
 
 __all__ = [
+    "KLEstimator",
+    "LossAggMode",
     "KL_ESTIMATORS",
     "KL_ALIASES",
     "LOSS_AGG_MODES",
@@ -35,9 +41,7 @@ __all__ = [
     "clipped_value_loss",
 ]
 
-KLEstimator = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "k3+"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KL_ESTIMATORS = frozenset(get_args(KLEstimator))
 #: verl's second names of the KL estimators.
 KL_ALIASES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl"}
 LOSS_AGG_MODES = frozenset(get_args(LossAggMode))
@@ -45,14 +49,6 @@ LOSS_AGG_MODES = frozenset(get_args(LossAggMode))
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean over entries where ``mask`` is 1 (0 when the mask is empty, never NaN)."""
-    mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1.0)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
@@ -102,58 +98,6 @@ def agg_units(mask: torch.Tensor, mode: str) -> float:
     if mode in LOSS_AGG_MODES:
         return float((mask.sum(-1) > 0).sum())
     raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; use one of {sorted(LOSS_AGG_MODES)}")
-
-
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate from sampled-token log-probs, by verl's names.
-
-    With ``r = log p - log q`` (policy minus reference; Schulman, "Approximating KL divergence", 2020):
-
-    ============================  ==========================================  ===========================
-    name                          value                                       note
-    ============================  ==========================================  ===========================
-    ``k1`` / ``kl``               ``r``                                       unbiased, can be negative
-    ``abs``                       ``|r|``                                     biased upward
-    ``k2`` / ``mse``              ``r^2 / 2``                                 its gradient is the KL's
-    ``k3`` / ``low_var_kl``       ``exp(-r) + r - 1``, ``r`` clamped to       unbiased, never negative;
-                                  [-20, 20] first, the result to [-10, 10]    finite at a -inf log-prob
-    ``k1+`` / ``k3+``             the value of ``k1`` / ``k3``, the gradient  straight-through: an
-                                  of ``k2``                                   unbiased KL gradient
-    ============================  ==========================================  ===========================
-
-    ``k3`` means what it means in verl (the clamped ``low_var_kl``), so a config moved from verl
-    trains the same loss.
-    """
-    diff = log_probs - ref_log_probs
-    name = estimator[:-1] if estimator.endswith("+") and estimator in KL_ESTIMATORS else estimator
-    if name in ("k1", "kl"):
-        value = diff
-    elif name == "abs":
-        value = diff.abs()
-    elif name in ("k2", "mse"):
-        value = 0.5 * diff.square()
-    elif name in ("k3", "low_var_kl"):
-        neg = (-diff).clamp(-20.0, 20.0)
-        value = (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
-    else:
-        raise ValueError(f"kl_estimator: unknown {estimator!r}; use one of {sorted(KL_ESTIMATORS)}")
-    if name == estimator:
-        return value
-    grad = 0.5 * diff.clamp(-20.0, 20.0).square()  # clamped like k3: finite at a -inf log-prob
-    return grad - grad.detach() + value.detach()
-
-
-def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's score on its last valid response token."""
-    token_rewards = torch.zeros_like(response_mask, dtype=torch.float32)
-    lengths = response_mask.long().sum(-1)
-    rows = torch.nonzero(lengths > 0).flatten()
-    if rows.numel():
-        # Last index where the mask is 1 (tool tokens can sit in between).
-        positions = torch.arange(response_mask.shape[1]).expand_as(response_mask)
-        last = torch.where(response_mask > 0, positions, torch.full_like(positions, -1)).max(-1).values
-        token_rewards[rows, last[rows]] = scores[rows].float()
-    return token_rewards
 
 
 def sequence_rewards(batch: Batch) -> torch.Tensor:

@@ -14,9 +14,10 @@ from typing import ClassVar, Literal
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
+
+from verl_algorithms import functional as F
+from verl_algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 
 __all__ = ["GRPO", "GRPOConfig"]
 

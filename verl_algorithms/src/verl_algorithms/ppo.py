@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
 from verl_core.interfaces import Requirements
+
+from verl_algorithms import functional as F
+from verl_algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
 
 __all__ = ["PPO", "PPOConfig"]
 

@@ -50,8 +50,7 @@ from verl_core.interfaces import (
     rank_mini_batch,
 )
 from verl_core.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
-from verl_core.precision import autocast, check_autocast
-from verl_core.sharding import ensure_process_group
+from verl_core.sharding import autocast, check_autocast, ensure_process_group
 
 __all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
 

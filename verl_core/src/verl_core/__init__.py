@@ -1,4 +1,4 @@
-"""verl core: plugin registry, interfaces, single-controller dataflow and built-in algorithms.
+"""verl core: plugin registry, interfaces and the single-controller dataflow.
 
 The public API is re-exported here and loaded lazily, so ``import verl_core`` (and the CLI's
 ``verl plugins list``) does not pull in torch until something that needs it is used.
@@ -22,8 +22,6 @@ _EXPORTS = {
     "AlgorithmConfig": "verl_core.interfaces",
     "Requirements": "verl_core.interfaces",
     "RolloutRequest": "verl_core.interfaces",
-    "PolicyGradient": "verl_core.algorithms.base",
-    "PPOFamilyConfig": "verl_core.algorithms.base",
     "TrainingBackend": "verl_core.interfaces",
     "TrainingWorker": "verl_core.interfaces",
     "BackendConfig": "verl_core.interfaces",
@@ -50,8 +48,6 @@ _EXPORTS = {
     "Trainer": "verl_core.trainer",
     "Config": "verl_core.config",
     "ConfigError": "verl_core.config",
-    "GRPO": "verl_core.algorithms.grpo",
-    "PPO": "verl_core.algorithms.ppo",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -55,21 +55,41 @@ _FLAG_KEYS = {
 }
 
 
+def _config_format(path: Optional[Path], registry: Any) -> Any:
+    """The first installed ``verl.config_formats`` plugin, by name, that reads ``path`` (None: dotted
+    overrides alone), or None."""
+    for name in registry.names("config_format"):
+        fmt = registry.load("config_format", name)()
+        if fmt.reads(path):
+            return fmt
+    return None
+
+
+def _formats_hint(registry: Any) -> str:
+    names = registry.names("config_format")
+    return f"installed formats: {', '.join(names)}" if names else \
+        "verl's and TRL's YAML/JSON configs: pip install verl-config-import"
+
+
 def _collect(options: dict[str, Any]) -> tuple[Any, Any]:
     """Resolve the config that a command's options (its ``locals()``) describe; also return the registry."""
-    from verl_core.config import apply_overrides, load_raw_config, resolve_config, set_key
+    from verl_core.config import ConfigError, apply_overrides, load_raw_config, resolve_config, set_key
     from verl_core.registry import PluginRegistry
 
     registry = PluginRegistry()
-    if options["config"] is not None and Path(options["config"]).suffix.lower() in (".yaml", ".yml", ".json"):
-        from verl_core.config_import import fit_to_plugins, import_config, read_foreign
-
-        report = import_config(read_foreign(options["config"]))  # a verl or TRL config: mapped, the mapping shown
-        fit_to_plugins(report, registry)
-        typer.echo("\n".join(report.lines()), err=True)
-        raw = report.raw
+    path = options["config"]
+    fmt = _config_format(path, registry) if path is not None and path.suffix.lower() != ".toml" else None
+    if fmt is not None:  # e.g. a verl or TRL YAML: mapped, the mapping shown
+        raw, notes = fmt.read(path, registry=registry)
+        typer.echo("\n".join(notes), err=True)
     else:
-        raw = load_raw_config(options["config"])
+        try:
+            raw = load_raw_config(path)
+        except ConfigError:
+            if path is None or path.suffix.lower() == ".toml" or not path.is_file():
+                raise
+            raise ConfigError("", f"{path} is not valid TOML, and no installed config format reads it "
+                                  f"({_formats_hint(registry)})") from None
     for name, key in _FLAG_KEYS.items():
         # Only flags the user gave become keys: the local executor has no nnodes/procs_per_node settings.
         if options[name] is not None:
@@ -187,24 +207,27 @@ def config_import(
 ) -> None:
     """Translate a verl or TRL config into ours: the TOML, with every key's mapping and what has no equivalent."""
     def go() -> None:
-        from verl_core.config import ConfigError
-        from verl_core.config_import import fit_to_plugins, flatten, from_overrides, import_config, read_foreign
+        from verl_core.config import ConfigError, dump_toml
         from verl_core.registry import PluginRegistry
 
         files = [i for i in items if "=" not in i]
         if len(files) > 1:
             raise ConfigError("", f"one file at a time, got {files}")
-        flat = read_foreign(files[0]) if files else {}
-        flat.update(from_overrides([i for i in items if "=" in i]))
-        report = import_config(flatten(flat))
-        fit_to_plugins(report, PluginRegistry())
+        registry = PluginRegistry()
+        path = Path(files[0]) if files else None
+        fmt = _config_format(path, registry)
+        if fmt is None:
+            raise ConfigError("", f"no installed config format reads {path or 'dotted overrides'} "
+                                  f"({_formats_hint(registry)})")
+        raw, notes = fmt.read(path, overrides=[i for i in items if "=" in i], registry=registry)
+        text = "".join(f"# {line}\n" for line in notes) + "\n" + dump_toml(raw)
         if output is None:
-            typer.echo(report.toml(), nl=False)
+            typer.echo(text, nl=False)
             return
         if output.exists():
             raise ConfigError("", f"{output} exists; give another --output or remove it")
-        output.write_text(report.toml())
-        typer.echo("\n".join(report.lines()))
+        output.write_text(text)
+        typer.echo("\n".join(notes))
         typer.echo(f"wrote {output}; check it with: verl config check -c {output}")
 
     _guard(go)

@@ -349,7 +349,7 @@ def _values(ctx: StepContext) -> dict[str, torch.Tensor]:
 
 
 def _kl_reward(ctx: StepContext, kl_coef: float, estimator: str) -> dict[str, torch.Tensor]:
-    from verl_core.algorithms.functional import kl_penalty, masked_mean
+    from verl_core.batch import kl_penalty, masked_mean
 
     b = ctx.batch
     kl = kl_penalty(b.old_log_probs, b.ref_log_probs, estimator) * b.response_mask

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 # Annotations only: importing the contracts costs no torch (reward worker processes read RewardInput).
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from verl_core.batch import Batch
@@ -56,8 +58,10 @@ __all__ = [
     "ScorerConfig",
     "Environment",
     "EnvironmentConfig",
+    "ENV_REWARDS",
     "ModelProvider",
     "DatasetProvider",
+    "ConfigFormat",
     "StepResult",
     "Executor",
     "ExecutorConfig",
@@ -675,7 +679,7 @@ class RolloutEngine(abc.ABC):
 @dataclass
 class AlgorithmConfig:
     """Settings every algorithm has. Algorithms subclass it (the PPO family through
-    :class:`~verl_core.algorithms.base.PPOFamilyConfig`).
+    :class:`verl_algorithms.base.PPOFamilyConfig`, in the verl-algorithms distribution).
 
     Attributes:
         epochs: passes over each batch per step.
@@ -757,7 +761,7 @@ class Algorithm(abc.ABC):
 
     The controller never looks at an algorithm's name: everything it needs comes through these
     methods. Policy-gradient algorithms usually subclass
-    :class:`~verl_core.algorithms.base.PolicyGradient`, which declares the standard step.
+    :class:`verl_algorithms.base.PolicyGradient` (verl-algorithms), which declares the standard step.
     """
 
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
@@ -919,6 +923,11 @@ class RewardScorer(abc.ABC):
 
 
 # ----------------------------------------------------------------------------- environments
+#: ``batch.extras`` key of the environment's rewards in :meth:`Environment.run_episodes`'s batch, ``[B, R]``:
+#: each turn's reward on the last model token of that turn. The rollout stage adds them to the scorer's.
+ENV_REWARDS = "env_token_rewards"
+
+
 @dataclass
 class StepResult:
     """What an environment returns after the policy acts."""
@@ -956,7 +965,8 @@ class EnvironmentConfig:
 
 class Environment(abc.ABC):
     """A multi-turn environment, created once per trajectory: reset with a task, then step with
-    each model turn (:mod:`verl_core.agent_loop` drives it from the rollout stage).
+    each model turn. The class's :meth:`run_episodes` drives its instances; the rollout stage and
+    validation call it instead of a plain ``generate`` when the run has an ``[environment]``.
 
     ``reset``, ``step`` and ``close`` may be coroutines. An environment that offers tools returns
     their OpenAI-style function schemas from :meth:`tools`; the chat template gets them as ``tools=``.
@@ -986,6 +996,22 @@ class Environment(abc.ABC):
 
     def close(self) -> None:
         """Release what the episode holds (processes, files)."""
+
+    @classmethod
+    def run_episodes(cls, engine: RolloutEngine, prompts: Sequence[dict[str, Any]], sampling: SamplingParams,
+                     make_env: Callable[[], Environment], config: EnvironmentConfig, *, pad_id: int,
+                     metrics: dict[str, float] | None = None, boundary: Any = None, step: int = 0) -> Batch:
+        """Run ``sampling.n`` whole trajectories per prompt row on ``engine``, one environment from
+        ``make_env()`` each, within ``config``'s limits; the batch of their responses, ``response_mask``
+        0 on the environment's tokens, its rewards in ``extras[ENV_REWARDS]``. Adds ``env/...`` figures
+        to ``metrics``; checks what the environments return with ``boundary``
+        (:class:`~verl_core.boundary.Boundary`, which names the plugin in errors) at step ``step``.
+
+        The multi-turn loop is not in the core: ``verl_env_kit.MultiTurnEnvironment`` implements it.
+        """
+        raise NotImplementedError(
+            f"environment {cls.__name__} has no episode runner: subclass verl_env_kit.MultiTurnEnvironment "
+            f"(pip install verl-env-kit), which runs the multi-turn loop, instead of verl_core's Environment")
 
 
 # ----------------------------------------------------------------------------- executors
@@ -1136,3 +1162,23 @@ class DatasetProvider(abc.ABC):
     def rows(self, *, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` in the verl row format (``format=...``: with that format's columns too);
         ``ValueError`` for a split it lacks."""
+
+
+# ----------------------------------------------------------------------------- config formats
+class ConfigFormat(abc.ABC):
+    """A config file format other than verl's TOML, for ``verl run -c FILE`` and ``verl config import FILE``.
+
+    Registered under ``verl.config_formats``; the CLI builds each installed one with no arguments and
+    uses the first, by name, that ``reads`` the file (verl-config-import's ``verl-yaml``: verl's
+    ``ppo_trainer.yaml`` and TRL's GRPOConfig/PPOConfig as YAML or JSON).
+    """
+
+    @abc.abstractmethod
+    def reads(self, path: Path | None) -> bool:
+        """Whether this format reads ``path``, judged by its name alone; None: dotted overrides, no file."""
+
+    @abc.abstractmethod
+    def read(self, path: Path | None, *, overrides: Sequence[str] = (),
+             registry: Any) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """``path`` and the format's own dotted ``overrides`` as our raw config (``{section: {key: value}}``)
+        and the lines that tell the user how each key got there. ``ConfigError`` for what it cannot read."""

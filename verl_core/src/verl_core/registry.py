@@ -99,7 +99,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-reward-rules": {"reward": ("gsm8k", "math", "exact_match")},
     "verl-rewards": {"scorer": ("default",)},
     "verl-data-prepare": {"command": ("data",)},
-    "verl-loggers": {"logger": ("tensorboard", "wandb")},
+    "verl-loggers": {"logger": ("console", "jsonl", "tensorboard", "wandb")},
     "verl-dashboard": {"command": ("dashboard", "report")},
     "verl-config-import": {"config_format": ("verl-yaml",)},
 }

@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from verl_core.batch import scores_to_token_rewards
-from verl_core.batch import Batch
+from verl_core.batch import Batch, scores_to_token_rewards
 from verl_core.boundary import check_scores, finite_rows
 from verl_core.interfaces import ENV_REWARDS, PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch

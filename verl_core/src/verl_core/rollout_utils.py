@@ -167,7 +167,7 @@ def check_log_prob_gap(ctx: Any, trainer_log_probs: torch.Tensor, batch: Batch) 
     step raises :class:`WeightSyncError` before anything trains on it, or warns
     (``ctx.log_prob_gap_action = "warn"``).
     """
-    from verl_core.algorithms.functional import masked_mean
+    from verl_core.batch import masked_mean
 
     mask = batch.response_mask
     gap = (trainer_log_probs - batch.rollout_log_probs).abs() * mask

@@ -17,10 +17,16 @@ The results are put back into the caller's order when they are joined.
 With model parallelism (:class:`~verl_core.interfaces.WorldInfo` mesh fields) a split call is cut
 into one shard per *data-parallel group*; every rank of a group gets its group's shard, and
 :class:`Mesh` says which rank's result stands for each group.
+
+The kit the training backends import also holds what they share with an engine generating on their
+module (the Hugging Face rollout): joining the process group (:func:`ensure_process_group`) and the
+``autocast`` settings (``backend.autocast``, ``rollout.autocast``): one set of accepted values, one
+error, one context (:func:`check_autocast`, :func:`autocast`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -30,7 +36,8 @@ import torch
 
 from verl_core.batch import Batch
 
-__all__ = ["Mesh", "Shards", "balance_batch", "split_call", "pad_and_shard", "gather_split", "ensure_process_group"]
+__all__ = ["Mesh", "Shards", "balance_batch", "split_call", "pad_and_shard", "gather_split", "ensure_process_group",
+           "AUTOCAST_CHOICES", "check_autocast", "autocast"]
 
 
 @dataclasses.dataclass
@@ -244,3 +251,21 @@ def ensure_process_group(world: Any) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     else:
         dist.init_process_group(backend, rank=world.rank, world_size=world.world_size)
+
+
+#: What an ``autocast`` setting accepts: off, or the lower-precision dtype the forwards run in.
+AUTOCAST_CHOICES = ("off", "bfloat16", "float16")
+
+
+def check_autocast(value: str) -> None:
+    """Raise ``ValueError`` naming the field when ``value`` is not an ``autocast`` choice."""
+    if value not in AUTOCAST_CHOICES:
+        raise ValueError(f"autocast: must be 'off', 'bfloat16' or 'float16', not {value!r}")
+
+
+def autocast(device_type: str, value: str) -> contextlib.AbstractContextManager:
+    """The forwards' lower-precision region for ``value`` (a null context when ``"off"``). Backward runs
+    outside it, as autocast wants: each op's backward in the dtype its forward ran in."""
+    if value == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=getattr(torch, value))

@@ -17,7 +17,7 @@ import torch
 
 from verl_core.interfaces import (ModelSpec, PromptIds, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams,
                                   WorldInfo)
-from verl_core.precision import autocast, check_autocast
+from verl_core.sharding import autocast, check_autocast
 
 __all__ = ["HFRollout", "HFRolloutConfig"]
 

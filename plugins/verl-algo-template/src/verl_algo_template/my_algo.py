@@ -5,7 +5,8 @@ minus its group's mean, not divided by the group's standard deviation, and clipp
 ``[-advantage_clip, advantage_clip]``. Optionally (``skip_uniform_groups``) it asks the run's rollout
 stage to drop groups whose rewards are all equal and to sample more prompts in their place, as
 DAPO's dynamic sampling does (Yu et al., arXiv:2503.14476). Everything else - the PPO-clip loss, the
-KL and entropy terms, the dataflow, the resampling loop - is the core's, reused as it is.
+KL and entropy terms, the dataflow - is verl-algorithms' (``PolicyGradient``), the resampling loop the
+core's rollout stage, reused as they are.
 
 A real plugin's docstring cites its paper (title, arXiv id) and says what it changes vs PPO/GRPO.
 """
@@ -17,8 +18,8 @@ from typing import ClassVar
 
 import torch
 
-from verl_core.algorithms import functional as F
-from verl_core.algorithms.base import PolicyGradient, PPOFamilyConfig
+from verl_algorithms import functional as F
+from verl_algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
 from verl_core.interfaces import RolloutRequest
 
@@ -58,7 +59,7 @@ class MyAlgoConfig(PPOFamilyConfig):
 
 
 class MyAlgo(PolicyGradient):
-    """Group-mean baseline, clipped advantages, the core's PPO-clip loss."""
+    """Group-mean baseline, clipped advantages, verl-algorithms' PPO-clip loss."""
 
     Config = MyAlgoConfig
 

@@ -164,7 +164,7 @@ def trace_pieces(tokenizer: Any, row: dict) -> list[tuple[list[int], int]]:
 
 def _greedy_accuracy(model: Any, tokenizer: Any, rows: Sequence[dict]) -> float:
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     from verl_env_tools.env import ToolsConfig, ToolsEnvironment
 

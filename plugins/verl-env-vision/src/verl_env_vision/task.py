@@ -209,7 +209,7 @@ def _encode_rows(processor: Any, rows: Sequence[dict]) -> list[dict]:
 
 def _greedy_accuracy(model: Any, processor: Any, rows: Sequence[dict], greedy: bool = True) -> float:
     from verl_core.interfaces import ModelSpec, SamplingParams
-    from verl_core.rollout_hf import HFRollout, HFRolloutConfig
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     tok = processor.tokenizer
     engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path="", module=model), tokenizer=tok)

@@ -16,6 +16,10 @@ sharded two ways, Megatron at TP=2 or DP=2; parametrize the fixture for several 
 case starts that many processes (gloo on CPU, ``torch.multiprocessing`` standing in for an
 executor), places them in the mesh their workers report, and checks them against the same backend
 at one rank. It is marked ``heavy``.
+
+That case and the micro-batching one train GRPO's loss, which comes from the verl-algorithms
+distribution (the core ships no algorithm): they load it through the registry, as a run does, and
+skip, naming the package, where it is not installed.
 """
 
 from __future__ import annotations
@@ -280,9 +284,6 @@ class BackendConformance:
         micro-batch."""
         if not micro_batching_backends:
             pytest.skip(f"{type(self).__name__} provides no `micro_batching_backends` fixture")
-        from verl_core.algorithms.grpo import GRPO, GRPOConfig
-        from verl_core.interfaces import AlgorithmLoss
-
         batch = make_batch(batch_size=16, prompt_length=self.prompt_length, response_length=12,
                            vocab_size=hf_model.config.vocab_size, group_size=4, pad_id=hf_model.config.pad_token_id or 0,
                            advantages=True, ref_log_probs=True, empty_rows=(5,), seed=3)
@@ -292,7 +293,7 @@ class BackendConformance:
         # Old log-probs near the policy's own, so the PPO ratio sits inside and outside the clip range.
         current = self.reference_log_probs(hf_model, batch)[0]
         batch.old_log_probs = current + 0.3 * (torch.rand(current.shape, generator=torch.Generator().manual_seed(1)) - 0.5)
-        loss_fn = AlgorithmLoss(GRPO(GRPOConfig(loss_agg_mode=loss_agg_mode, kl_coef=0.05, entropy_coef=0.01)))
+        loss_fn = _grpo_loss(loss_agg_mode=loss_agg_mode, kl_coef=0.05, entropy_coef=0.01)
 
         outcome: dict[str, tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
         for name, backend in micro_batching_backends.items():
@@ -477,13 +478,28 @@ def run_ranks(scenario: Callable[..., dict[str, Any]], world_size: int, *args: A
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
 
 
+def _grpo_loss(**config: Any) -> Any:
+    """GRPO's actor loss with ``config``, as the dataflow hands it to a backend.
+
+    The core ships no algorithm: GRPO comes from the verl-algorithms distribution and is loaded here
+    the way a run loads it, through the registry, when a test needs it. Without it the test skips
+    and says what to install.
+    """
+    from verl_core.interfaces import AlgorithmLoss
+    from verl_core.registry import PluginError, PluginRegistry
+
+    try:
+        cls = PluginRegistry().load("algorithm", "grpo")
+    except PluginError as exc:
+        pytest.skip(f"this case trains GRPO's loss, and no usable `grpo` algorithm plugin is installed "
+                    f"(pip install verl-algorithms): {exc}")
+    return AlgorithmLoss(cls(cls.Config(**config)))
+
+
 def _aggregation_losses() -> dict[str, Any]:
     """GRPO's loss in each aggregation mode, token-mean first (as the dataflow hands it to a backend)."""
-    from verl_core.algorithms.grpo import GRPO, GRPOConfig
-    from verl_core.interfaces import AlgorithmLoss
-
     modes = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-    return {mode: AlgorithmLoss(GRPO(GRPOConfig(loss_agg_mode=mode))) for mode in modes}
+    return {mode: _grpo_loss(loss_agg_mode=mode) for mode in modes}
 
 
 def _multi_rank_scenario(rank: int, world_size: int, backend: TrainingBackend, model_dir: str,

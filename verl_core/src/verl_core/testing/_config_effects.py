@@ -63,8 +63,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from verl_core.algorithms.functional import scores_to_token_rewards
-from verl_core.batch import Batch
+from verl_core.batch import Batch, scores_to_token_rewards
 from verl_core.dataflow import DataflowBuilder, StepContext
 from verl_core.interfaces import Algorithm, AlgorithmConfig, LogProbs, RolloutRequest, SamplingParams
 

@@ -70,7 +70,7 @@ def make_batch(
         raise ValueError("batch_size, prompt_length, response_length, vocab_size and group_size must be >= 1")
     if batch_size % group_size:
         raise ValueError(f"batch_size={batch_size} must be a multiple of group_size={group_size}")
-    from verl_core.algorithms.functional import scores_to_token_rewards
+    from verl_core.batch import scores_to_token_rewards
 
     g = torch.Generator().manual_seed(seed)
     B, P, R = batch_size, prompt_length, response_length
