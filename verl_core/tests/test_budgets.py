@@ -35,6 +35,10 @@ REPO = CORE.parents[2]
 #: 8,646: the multi-turn agent loop moved to verl-env-kit (-286 lines: -311 moved, +23 in interfaces.py for
 #: the Environment.run_episodes contract the core calls and the ENV_REWARDS key it reads, +2 at its two call
 #: sites; already out of the tree when the 8,647s above were measured; the -1 is rollout_stage's imports).
+#: Also inside the 8,647s and 8,646 above: the async producer, its replay buffer and engine host moved to
+#: verl-trainer-async behind the step-source contract (verl_core.contracts.StepSource; the core keeps the
+#: sync source), and the trainer's validation, assembly and checkpoint contents got modules of their own:
+#: -521 lines in all (-582 moved, the trainer's mode branches gone, +190 for the contract and the sync source).
 CORE_LINE_BUDGET = 8_646
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
@@ -51,6 +55,9 @@ PUBLIC_SURFACE = {
     # verl-env-kit's episode runner checks what environments return as it arrives, with the core's own
     # checks (check_messages, check_step_result) and the run's Boundary, which names the plugin.
     "verl_core.boundary",
+    # The step-source contract (trainer.mode), the first module of the contracts package that replaces
+    # verl_core.interfaces kind by kind; verl-trainer-async implements it.
+    "verl_core.contracts",
 }
 
 
