@@ -58,7 +58,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_env_tools.env import ToolsConfig
     from verl_env_tools.task import ensure_model, make_dataset
     from verl_rollout_hf import HFRollout, HFRolloutConfig

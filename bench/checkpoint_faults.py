@@ -92,7 +92,7 @@ def measure(rank: int, world: int, model_dir: str, root: str, port: int, out: st
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.checkpoint import CheckpointManager, _checksum, _default_algorithm, _parallel
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
     from verl_core.testing import make_batch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -167,7 +167,7 @@ def run_fsdp(rank: int, ws: int, model_dir: str, steps: int, settings: dict, por
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
 
     backend = FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=BATCH, **settings))
     worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),

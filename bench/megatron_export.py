@@ -26,7 +26,7 @@ def prepare(root: Path) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM, AutoTokenizer
     from verl_core.testing import build_byte_tokenizer, make_batch
     from verl_core.testing._backend import simple_policy_loss
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
     from verl_core.checkpoint import CheckpointManager
     from verl_core.config import config_to_dict, dump_toml, resolve_config
     from verl_core.registry import PluginRegistry
@@ -60,7 +60,7 @@ def prepare(root: Path) -> str:
 
 
 def export(root: Path, mode: str) -> None:
-    from verl_core.interfaces import TrainingWorker
+    from verl_core.contracts import TrainingWorker
     from verl_core.export import export_checkpoint
     from verl_backend_megatron.backend import MegatronWorker  # imported before the clock starts in both modes
     if mode == "load_state":  # what verl export did before: the whole state, optimizer included

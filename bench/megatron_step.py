@@ -48,7 +48,7 @@ def run_megatron(rank: int, ws: int, model_dir: str, steps: int, settings: dict,
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
 
     backend = MegatronBackend(MegatronConfig(lr=1e-5, micro_batch_size=fsdp_step.BATCH, **settings))
     worker = backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),

@@ -111,7 +111,7 @@ def _builtin_rollout_inputs() -> tuple[str, Any, list[list[int]]]:
 
 
 def vllm_seeds() -> None:
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
@@ -137,7 +137,7 @@ def vllm_seeds() -> None:
 def vllm_settings() -> None:
     """The built-in rollout (64 prompts x 8, 4 new tokens) on vLLM engines with other scheduler
     settings, next to the HF rollout: does any vLLM setting beat HF on the 0.5M built-in model?"""
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
@@ -185,7 +185,7 @@ def vllm_lengths() -> None:
     """vLLM vs HF on the built-in model's architecture (0.5M parameters, random weights so that
     responses run on) as the response budget grows: where does vLLM's per-request cost stop
     outweighing HF's batched forward? Also the first call on a fresh engine (lazy start-up work)."""
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_core.testing import tiny_model_dir
     from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
@@ -241,7 +241,7 @@ def import_rss() -> None:
 
 def _accumulation_worker(model_dir: str, shard_single_rank: bool):
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
 
     return FSDPBackend(FSDPConfig(lr=1e-5, micro_batch_size=8, shard_single_rank=shard_single_rank)).create_worker(
         role=Role.ACTOR, model=ModelSpec(path=model_dir), world=WorldInfo(threads=1), seed=0)
@@ -367,7 +367,7 @@ def hf_generate() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
     from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     torch.set_num_threads(1)

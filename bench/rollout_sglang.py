@@ -52,7 +52,7 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
     from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_rollout_sglang.engine import SGLangRollout, SGLangRolloutConfig
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig

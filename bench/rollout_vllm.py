@@ -60,7 +60,7 @@ def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
 
 def _throughput(engine: Any, hf: Any, prompts: list[list[int]], n: int, max_new_tokens: int, repeats: int,
                 ) -> dict[str, dict[str, float]]:
-    from verl_core.interfaces import SamplingParams
+    from verl_core.contracts import SamplingParams
 
     sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
     raw_prompts, raw_params, _ = engine.vllm_requests(prompts, sampling)
@@ -109,7 +109,7 @@ def _throughput(engine: Any, hf: Any, prompts: list[list[int]], n: int, max_new_
 
 def _sync_times(engine: Any, model_dir: str, repeats: int) -> list[float]:
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
 
     actor = FSDPBackend(FSDPConfig()).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),
                                                     world=WorldInfo(), seed=0)
@@ -158,7 +158,7 @@ def _large_workload(args: argparse.Namespace) -> None:
     """Child process: throughput on the larger model, written as JSON to ``args.large_only``."""
     from transformers import AutoTokenizer
 
-    from verl_core.interfaces import ModelSpec
+    from verl_core.contracts import ModelSpec
     from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_task_arithmetic.addition import ensure_builtin_model
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
@@ -192,7 +192,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_core.interfaces import ModelSpec
+    from verl_core.contracts import ModelSpec
     from verl_rollout_hf import HFRollout, HFRolloutConfig
     from verl_task_arithmetic.addition import ensure_builtin_model
     from verl_core.testing import tiny_model_dir

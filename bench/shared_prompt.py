@@ -41,7 +41,7 @@ def _batch():
 
 def _train(model_dir: str, batch, shared: str) -> tuple[float, float]:
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import ModelSpec, Role, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, WorldInfo
     from verl_core.testing._backend import simple_policy_loss
 
     worker = FSDPBackend(FSDPConfig(shared_prompt=shared, micro_batch_size=16)).create_worker(
@@ -54,7 +54,7 @@ def _train(model_dir: str, batch, shared: str) -> tuple[float, float]:
 
 
 def _generate(model_dir: str, prompts, shared: bool) -> float:
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     class Tokens:  # what the engine reads of a tokenizer

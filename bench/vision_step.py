@@ -34,7 +34,7 @@ def _child(settings: dict, steps: int) -> dict:
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
     from verl_core.data import render_rows
-    from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+    from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
     from verl_core.multimodal import load_processor
     from verl_core.rollout_utils import generate_batch
     from verl_env_vision.task import ensure_model, make_dataset

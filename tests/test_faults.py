@@ -155,7 +155,7 @@ def plugin_that_fails_to_import(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
     (site / "_verl_faults_broken.py").write_text("raise ImportError('needs the package frobnicate')\n")
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-faults-broken\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[verl.algorithms]\nfaults_broken = _verl_faults_broken:Algo\n\n"
-                                           "[verl.plugin_api]\nv2 = _verl_faults_broken\n")
+                                           "[verl.plugin_api]\nv3 = _verl_faults_broken\n")
     mp.syspath_prepend(str(site))
     return verl_run(tmp, "algorithm.name='faults_broken'")
 

@@ -20,7 +20,7 @@ import pytest
 MODULE = '''
 import torch
 
-from verl_core.interfaces import RolloutOutput, StepResult
+from verl_core.contracts import RolloutOutput, StepResult
 from verl_env_kit import MultiTurnEnvironment
 from verl_rewards.manager import RewardManager
 from verl_rollout_hf import HFRollout
@@ -85,7 +85,7 @@ ENTRY_POINTS = {
                           "text_reset": "TextReset"},
     "verl.scorers": {"nan_scorer": "NanScorer"},
     "verl.rollouts": {"out_of_vocab": "OutOfVocab"},
-    "verl.plugin_api": {"v2": "unused"},
+    "verl.plugin_api": {"v3": "unused"},
 }
 
 # The default task and model, small; no validation before the first step, so step 1 meets the bug.

@@ -79,7 +79,7 @@ version = "0.0.1"
 dependencies = ["verl-core>=0.1,<0.2"]
 
 [project.entry-points."verl.plugin_api"]
-v2 = "verl_reward_indexed"
+v3 = "verl_reward_indexed"
 
 [project.entry-points."verl.rewards"]
 indexed = "verl_reward_indexed:IndexedReward"

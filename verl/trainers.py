@@ -178,10 +178,10 @@ class _RLTrainer:
         directory or an object), so nothing else is needed, not even the original model directory.
         Objects passed here are used instead of the copies.
         """
-        from verl_core.checkpoint import CheckpointManager
+        from verl_core.kit import CheckpointManager
         from verl_core.config import ConfigError, load_raw_config
         from verl_core.registry import PluginRegistry
-        from verl_core.trainer import OBJECT_PREFIX, copied_keys
+        from verl_core.kit import OBJECT_PREFIX, copied_keys
 
         ckpt = CheckpointManager.resolve(path)
         saved = load_raw_config(ckpt.parent.parent / "config.toml")
@@ -226,7 +226,7 @@ class _RLTrainer:
                 checkpoint or run directory; ``False`` starts over; ``None`` (default) continues when there
                 is a checkpoint to continue from.
         """
-        from verl_core.checkpoint import CheckpointError, CheckpointManager
+        from verl_core.kit import CheckpointError, CheckpointManager
 
         run: dict[str, Any] = {}
         if num_epochs is not None:
@@ -248,7 +248,7 @@ class _RLTrainer:
 
     def _build(self, run: dict[str, Any]) -> Any:
         from verl_core.config import apply_overrides, resolve_config
-        from verl_core.trainer import Trainer
+        from verl_core import Trainer
 
         overrides = [*self._overrides, *(f"run.{k}={json.dumps(v)}" for k, v in run.items())]
         if self._checkpoint is not None:

@@ -11,7 +11,7 @@ from verl_algorithms.grpo import GRPO, GRPOConfig
 from verl_core.batch import Batch
 from verl_core.config import ConfigError, build_dataclass
 from verl_core.dataflow import DataflowBuilder, StepContext
-from verl_core.interfaces import RolloutOutput, SamplingParams
+from verl_core.contracts import RolloutOutput, SamplingParams
 from verl_core.rollout_utils import build_batch
 from verl_core.testing import EffectHarness
 from verl_task_arithmetic.addition import build_tokenizer

@@ -10,7 +10,7 @@ survives an optimizer step), and the weights a rollout engine receives.
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from fsdp_test_utils import full_length_batch as _batch
 from fsdp_test_utils import plain_pytorch_steps, response_log_probs
 from fsdp_test_utils import token_mean_loss as _loss

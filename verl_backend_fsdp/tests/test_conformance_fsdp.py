@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import BackendConformance, RolloutConformance, tiny_model_dir
 from verl_rollout_hf import HFRollout, HFRolloutConfig
 

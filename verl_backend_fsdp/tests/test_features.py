@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fsdp_test_utils import nan_where_poisoned, poison_second_half
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
 
 
@@ -98,7 +98,7 @@ def test_lora_actor_can_generate_before_any_forward(model_dir):
     from transformers import AutoTokenizer
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.interfaces import SamplingParams
+    from verl_core.contracts import SamplingParams
     from verl_rollout_hf import HFRollout
 
     actor = FSDPBackend(FSDPConfig(lora_rank=4)).create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),

@@ -12,7 +12,7 @@ numbers come from the same steps written in plain PyTorch on the same device (TF
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from fsdp_test_utils import full_length_batch as _batch
 from fsdp_test_utils import plain_pytorch_steps
 from fsdp_test_utils import token_mean_loss as _loss

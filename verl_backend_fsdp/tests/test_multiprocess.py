@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from fsdp_test_utils import full_length_batch as _batch  # same tokens on every rank: one shared objective
 from fsdp_test_utils import leave_process_group, nan_where_poisoned, poison_second_half
 from fsdp_test_utils import token_mean_loss as _loss
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 
 
 STEPS = 3

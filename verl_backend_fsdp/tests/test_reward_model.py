@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.rollout_utils import left_pad, right_pad
 from verl_core.testing import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig

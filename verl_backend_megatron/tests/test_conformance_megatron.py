@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import BackendConformance, RolloutConformance, chat_prompt_ids, tiny_model_dir
 from verl_rollout_hf import HFRollout, HFRolloutConfig
 

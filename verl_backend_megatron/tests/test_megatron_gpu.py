@@ -7,7 +7,7 @@ import torch
 
 from verl_backend_megatron import _cpu
 from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import BackendConformance, make_batch, tiny_model_dir
 from verl_core.testing._backend import simple_policy_loss
 

@@ -11,7 +11,7 @@ import torch
 
 from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
 from verl_core.config import ConfigError
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
 from verl_core.testing._backend import run_ranks
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
 from verl_core.testing._backend import simple_policy_loss
 from verl_core.trainer import _create_worker

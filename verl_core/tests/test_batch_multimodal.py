@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import PromptIds, RolloutEngine, RolloutOutput
+from verl_core.contracts import PromptIds, RolloutEngine, RolloutOutput
 from verl_core.rollout_utils import build_batch, check_rollout_multi_modal
 from verl_core.sharding import balance_batch, gather_split
 from verl_core.testing import make_batch

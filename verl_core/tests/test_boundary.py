@@ -7,7 +7,7 @@ import torch
 
 from verl_core.boundary import (Boundary, PluginOutputError, check_advantages, check_messages, check_scores,
                                 check_step_result, finite_rows)
-from verl_core.interfaces import RolloutOutput, StepResult
+from verl_core.contracts import RolloutOutput, StepResult
 
 ENV = "environment 'calc' (my-env 0.1)"
 
@@ -26,7 +26,7 @@ def fails(fn, *args, match, **kwargs):
     (StepResult(observation=None, reward=1.0, done=True, info=[]), "list \\[\\] as info"),
     (StepResult(observation="try again", reward=0.0, done=False), "str 'try again' as the observation"),
     (StepResult(observation=[{"role": "tool"}], reward=0.0, done=False), "as the observation .*message 0"),
-    ({"observation": None, "reward": 1.0, "done": True}, "expected a verl_core.interfaces.StepResult"),
+    ({"observation": None, "reward": 1.0, "done": True}, "expected a verl_core.contracts.StepResult"),
 ])
 def test_malformed_step_results_name_the_environment_and_the_value(result, match):
     message = fails(check_step_result, result, source=ENV, where="from step() at step 3, row 5", match=match)

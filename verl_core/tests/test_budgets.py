@@ -39,7 +39,10 @@ REPO = CORE.parents[2]
 #: verl-trainer-async behind the step-source contract (verl_core.contracts.StepSource; the core keeps the
 #: sync source), and the trainer's validation, assembly and checkpoint contents got modules of their own:
 #: -521 lines in all (-582 moved, the trainer's mode branches gone, +190 for the contract and the sync source).
-CORE_LINE_BUDGET = 8_646
+#: 8,814, raised on purpose: the contracts left interfaces.py for one module per plugin kind in
+#: verl_core.contracts (+115 lines: each module's docstring and imports), and verl_core.kit re-exports
+#: the shared helpers plugins may use (+53), so that code outside the core imports 6 modules, not 19.
+CORE_LINE_BUDGET = 8_814
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the
@@ -47,17 +50,23 @@ CORE_LINE_BUDGET = 8_646
 #: this test: make what it needs public in a listed module, or add the module here in a commit that
 #: says why.
 PUBLIC_SURFACE = {
-    "verl_core", "verl_core.interfaces", "verl_core.batch", "verl_core.config", "verl_core.registry",
-    "verl_core.rollout_utils", "verl_core.data", "verl_core.checkpoint",
-    "verl_core.sharding", "verl_core.builtin_kit", "verl_core.multimodal", "verl_core.engine_kit",
-    "verl_core.trainer", "verl_core.progress",
-    "verl_core.hooks", "verl_core.dataflow", "verl_core.rollout_stage",
-    # verl-env-kit's episode runner checks what environments return as it arrives, with the core's own
-    # checks (check_messages, check_step_result) and the run's Boundary, which names the plugin.
-    "verl_core.boundary",
-    # The step-source contract (trainer.mode), the first module of the contracts package that replaces
-    # verl_core.interfaces kind by kind; verl-trainer-async implements it.
-    "verl_core.contracts",
+    "verl_core", "verl_core.contracts", "verl_core.batch", "verl_core.config", "verl_core.registry",
+    # The shared helpers, re-exported name by name from the modules that hold them (issue #29's "kit").
+    "verl_core.kit",
+}
+
+#: Size limits in the core (``verl_core/src`` without ``testing/``), in lines from a definition's ``def`` or
+#: ``class`` line to its last: a class at most 300, a function or method (nested ones too) at most 80, so the
+#: RL step and each part of it read in a screen or two.
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 80
+
+#: What is over those limits today, at its size today (``file:Qualified.name``). This list only shrinks;
+#: issue #29's target is an empty one. A new entry fails the test, and so does a listed one that grows; so
+#: does one no longer over its limit, or gone, so that the list stays current: delete its line here.
+OVER_SIZE = {
+    "data.py:render_rows": 94,
+    "trainer.py:Trainer": 390,
 }
 
 
@@ -113,3 +122,34 @@ def _core_modules() -> set[str]:
         parts = list(p.relative_to(CORE.parent).with_suffix("").parts)
         out.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return out
+
+
+def oversized() -> dict[str, int]:
+    """``{"file.py:Class.method": lines}`` of each class and function of the core over its size limit."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, where: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name, size = prefix + child.name, child.end_lineno - child.lineno + 1
+                if size > (MAX_CLASS_LINES if isinstance(child, ast.ClassDef) else MAX_FUNCTION_LINES):
+                    found[f"{where}:{name}"] = max(size, found.get(f"{where}:{name}", 0))  # a property's setter
+                visit(child, where, name + ".")
+            else:  # definitions under an if, a try, a with
+                visit(child, where, prefix)
+
+    for path in sorted(CORE.rglob("*.py")):
+        if "testing" not in path.relative_to(CORE).parts:
+            visit(ast.parse(path.read_text()), path.relative_to(CORE).as_posix(), "")
+    return found
+
+
+def test_no_class_or_function_of_the_core_grows_past_its_size_limit():
+    found = oversized()
+    problems = [f"{name}: {size} lines, over its limit (a class {MAX_CLASS_LINES}, a function {MAX_FUNCTION_LINES}): "
+                f"split it" for name, size in found.items() if name not in OVER_SIZE]
+    problems += [f"{name}: {found[name]} lines, grown from the {size} that OVER_SIZE allows: split it"
+                 for name, size in OVER_SIZE.items() if found.get(name, 0) > size]
+    problems += [f"{name}: no longer over its limit (gone or under it): delete its line from OVER_SIZE"
+                 for name in OVER_SIZE if name not in found]
+    assert not problems, "\n".join(problems)

@@ -15,7 +15,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.dataflow import Dataflow, DataflowBuilder, DataflowError, Node, StepContext
-from verl_core.interfaces import ModelSpec, RewardScorer, RolloutRequest, SamplingParams
+from verl_core.contracts import ModelSpec, RewardScorer, RolloutRequest, SamplingParams
 from verl_core.testing import make_batch, tiny_model_dir
 
 torch.set_num_threads(1)

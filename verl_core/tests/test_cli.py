@@ -101,7 +101,7 @@ def test_plugins_list_check_imports_each_plugin_and_shows_the_broken_ones(cli, s
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {mod.strip('_').replace('_', '-')}\n"
                                        f"Version: 1.0\n")
         (info / "entry_points.txt").write_text(f"[verl.algorithms]\n{mod.strip('_')} = {mod}:Algo\n\n"
-                                               f"[verl.plugin_api]\nv2 = unused\n")
+                                               f"[verl.plugin_api]\nv3 = unused\n")
     try:
         # Listing reads metadata only: the broken module is not imported, so it looks available.
         res = cli("plugins", "list", "--kind", "algorithm")

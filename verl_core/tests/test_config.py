@@ -89,7 +89,7 @@ def test_a_plugin_registers_its_own_config_section(tmp_path, monkeypatch):
     (site / "verl_section_demo-1.0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: verl-section-demo\nVersion: 1.0\n")
     (site / "verl_section_demo-1.0.dist-info" / "entry_points.txt").write_text(
-        "[verl.plugin_api]\nv2 = verl_section_demo\n\n"
+        "[verl.plugin_api]\nv3 = verl_section_demo\n\n"
         "[verl.config_sections]\nsandbox = verl_section_demo:SECTION\nbroken = verl_section_demo:NOT_A_SECTION\n")
     (site / "verl_section_demo.py").write_text(textwrap.dedent("""
         from dataclasses import dataclass
@@ -111,7 +111,7 @@ def test_a_plugin_registers_its_own_config_section(tmp_path, monkeypatch):
         resolve_config({}, registry)
 
     (site / "verl_section_demo-1.0.dist-info" / "entry_points.txt").write_text(
-        "[verl.plugin_api]\nv2 = verl_section_demo\n\n[verl.config_sections]\nsandbox = verl_section_demo:SECTION\n")
+        "[verl.plugin_api]\nv3 = verl_section_demo\n\n[verl.config_sections]\nsandbox = verl_section_demo:SECTION\n")
     registry = PluginRegistry(paths=[str(site), *sys.path])
     cfg = resolve_config(apply_overrides({}, ["sandbox.timeout=2.5"]), registry)
     assert cfg.sandbox.timeout == 2.5

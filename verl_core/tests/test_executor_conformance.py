@@ -3,7 +3,7 @@
 import pytest
 
 from verl_core.executor_local import LocalExecutor
-from verl_core.interfaces import ExecutorConfig
+from verl_core.contracts import ExecutorConfig
 from verl_core.testing import ExecutorConformance
 
 

@@ -35,7 +35,7 @@ def plugin(site: Path):
         info.mkdir()
         name = mod.strip("_").replace("_", "-")
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-        groups = {**entry_points, "verl.plugin_api": {"v2": "unused"}}
+        groups = {**entry_points, "verl.plugin_api": {"v3": "unused"}}
         (info / "entry_points.txt").write_text("".join(
             f"[{group}]\n" + "".join(f"{name} = {mod}:{attr}\n" for name, attr in eps.items()) + "\n"
             for group, eps in groups.items()))
@@ -47,7 +47,7 @@ def plugin(site: Path):
 
 
 PROVIDERS = """
-    from verl_core.interfaces import DatasetProvider, ModelProvider
+    from verl_core.contracts import DatasetProvider, ModelProvider
 
     class Tiny(ModelProvider):
         preset = {"backend": {"lr": 0.5}, "run": {"max_steps": 7}}
@@ -125,7 +125,7 @@ def test_command_plugins_are_added_and_broken_ones_only_skipped(plugin, site: Pa
     broken.mkdir()
     (broken / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-kinds-broken\nVersion: 1.0\n")
     (broken / "entry_points.txt").write_text("[verl.commands]\nbroken = _verl_kinds_broken:app\n\n"
-                                             "[verl.plugin_api]\nv2 = unused\n")
+                                             "[verl.plugin_api]\nv3 = unused\n")
     registry = PluginRegistry(paths=[str(site)], core_version="0.1.0")
     app = typer.Typer()
 

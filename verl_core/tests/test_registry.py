@@ -40,7 +40,7 @@ def write_dist(
     version: str = "1.0",
     *,
     entry_points: Mapping[str, Mapping[str, str]],
-    api: str | None = "v2",
+    api: str | None = "v3",
     requires: Sequence[str] = (),
 ) -> Path:
     """Write a minimal ``<name>-<version>.dist-info`` directory under ``root``.
@@ -330,7 +330,7 @@ def test_missing_api_declaration_is_refused_before_import(site: Path, module) ->
 
     info = reg.info("logger", "l")
     assert info.status == "incompatible"
-    assert '[project.entry-points."verl.plugin_api"] v2 = "<their_module>"' in info.message
+    assert '[project.entry-points."verl.plugin_api"] v3 = "<their_module>"' in info.message
     assert reg.names("logger") == []
     with pytest.raises(IncompatiblePluginError) as excinfo:
         reg.load("logger", "l")
@@ -340,8 +340,10 @@ def test_missing_api_declaration_is_refused_before_import(site: Path, module) ->
 
 @pytest.mark.parametrize(
     ("api", "advice"),
-    # v1: written before Core v2's rollout stage; refused with the advice to upgrade the plugin.
-    [("v3", "upgrade verl-core"), ("v1", "upgrade verl-other-api to a release targeting v2")],
+    # v1: written before Core v2's rollout stage; refused with the advice to upgrade the plugin. v2: before the
+    # contracts moved (Core v3); the advice says what to rename.
+    [("v4", "upgrade verl-core"), ("v1", "upgrade verl-other-api to a release targeting v3"),
+     ("v2", "rename in its imports, verl_core.interfaces -> verl_core.contracts")],
 )
 def test_unsupported_api_version_is_refused_before_import(
     site: Path, module, api: str, advice: str
@@ -353,7 +355,7 @@ def test_unsupported_api_version_is_refused_before_import(
     info = reg.info("executor", "e")
     assert info.status == "incompatible"
     assert f"targets plugin API {api}" in info.message
-    assert f"this verl-core (version {CORE_VERSION}) serves v2" in info.message
+    assert f"this verl-core (version {CORE_VERSION}) serves v3" in info.message
     assert advice in info.message
     with pytest.raises(IncompatiblePluginError, match=f"targets plugin API {api}"):
         reg.load("executor", "e")
@@ -365,9 +367,9 @@ def test_unsupported_api_version_is_refused_before_import(
 
 
 def test_supporting_several_api_versions_is_compatible(site: Path) -> None:
-    info = write_dist(site, "verl-multi", entry_points={"verl.hooks": {"h": "m:h"}}, api="v2")
+    info = write_dist(site, "verl-multi", entry_points={"verl.hooks": {"h": "m:h"}}, api="v3")
     with (info / "entry_points.txt").open("a") as f:
-        f.write("[verl.plugin_api]\nv2 = unused\n")
+        f.write("[verl.plugin_api]\nv3 = unused\n")
     reg = make_registry(site)
 
     assert reg.info("hook", "h").status == "available"
@@ -490,6 +492,6 @@ def test_errors_share_a_base_class_and_are_exported() -> None:
         assert issubclass(cls, PluginError)
         assert cls.__name__ in registry_module.__all__
     assert "PluginRegistry" in registry_module.__all__
-    assert registry_module.PLUGIN_API_VERSION == 2
-    assert registry_module.SUPPORTED_PLUGIN_API_VERSIONS == frozenset({2})
+    assert registry_module.PLUGIN_API_VERSION == 3
+    assert registry_module.SUPPORTED_PLUGIN_API_VERSIONS == frozenset({3})
     assert registry_module.provider_of("rollout", "openai") == "verl-rollout-vllm"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verl_core.config import ConfigError
-from verl_core.interfaces import LoRAAdapter, RolloutEngine, RolloutOutput, TrainingWorker
+from verl_core.contracts import LoRAAdapter, RolloutEngine, RolloutOutput, TrainingWorker
 from verl_core.rollout_utils import check_weight_sync, sync_rollout_weights
 
 
@@ -67,7 +67,7 @@ class _GapActor(TrainingWorker):
         self.offset, self.calls = offset, []
 
     def compute_log_probs(self, batch, *, with_entropy=False):
-        from verl_core.interfaces import LogProbs
+        from verl_core.contracts import LogProbs
 
         self.calls.append(len(batch))
         return LogProbs(batch.rollout_log_probs + self.offset)
@@ -150,7 +150,7 @@ def test_the_rollout_stage_checks_a_few_samples_for_every_algorithm(monkeypatch)
     """GPG and use_rollout_log_probs never recompute old log-probs and SPIN rebuilds the batch; the
     stage checks a slice of what the engine generated itself."""
     from verl_core import rollout_stage
-    from verl_core.interfaces import RolloutRequest
+    from verl_core.contracts import RolloutRequest
     from verl_core.rollout_utils import WeightSyncError
 
     ctx = _gap_context(0.5)
@@ -168,7 +168,7 @@ def test_the_rollout_stage_checks_a_few_samples_for_every_algorithm(monkeypatch)
 def test_an_engine_that_frees_memory_sleeps_while_the_step_trains_and_wakes_for_the_sync(monkeypatch):
     """vLLM's sleep mode was accepted and never used: nothing called release/reacquire in a run."""
     from verl_core import rollout_stage
-    from verl_core.interfaces import RolloutRequest
+    from verl_core.contracts import RolloutRequest
 
     ctx = _gap_context(0.0)
     ctx.rollout.supports_memory_release = True

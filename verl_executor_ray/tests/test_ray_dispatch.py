@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import RolloutOutput, TrainingWorker, dispatch, dispatch_mode
+from verl_core.contracts import RolloutOutput, TrainingWorker, dispatch, dispatch_mode
 from verl_core.testing import make_batch
 from verl_executor_ray._dispatch import balance_batch, gather_split, pad_and_shard, split_call
 
@@ -109,14 +109,14 @@ def test_fsdp_worker_methods_dispatch_as_declared_on_the_base():
 
 
 def _tp2_dp2() -> list:
-    from verl_core.interfaces import WorldInfo
+    from verl_core.contracts import WorldInfo
 
     # Megatron's order at TP=2, DP=2: ranks 0,1 are data-parallel group 0, ranks 2,3 group 1.
     return [WorldInfo(rank=r, world_size=4, dp_rank=r // 2, dp_size=2, tp_rank=r % 2, tp_size=2) for r in range(4)]
 
 
 def test_mesh_defaults_to_one_data_parallel_group_per_rank():
-    from verl_core.interfaces import WorldInfo
+    from verl_core.contracts import WorldInfo
     from verl_executor_ray._dispatch import Mesh
 
     mesh = Mesh.of([WorldInfo(rank=r, world_size=3) for r in range(3)])
@@ -141,7 +141,7 @@ def test_split_over_a_model_parallel_mesh_reads_one_result_per_data_parallel_gro
 
 
 def test_pipeline_mesh_reads_the_last_stage_and_refuses_a_mesh_without_one_output_rank():
-    from verl_core.interfaces import WorldInfo
+    from verl_core.contracts import WorldInfo
     from verl_executor_ray._dispatch import Mesh
 
     pp2 = [WorldInfo(rank=r, world_size=2, dp_rank=0, dp_size=1, pp_rank=r, pp_size=2) for r in range(2)]

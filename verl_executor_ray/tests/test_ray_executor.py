@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_core.interfaces import ExecutorConfig, ModelSpec, Role, SamplingParams, WorkerFailedError
+from verl_core.contracts import ExecutorConfig, ModelSpec, Role, SamplingParams, WorkerFailedError
 from verl_core.trainer import _create_worker
 from verl_executor_ray.config import RayExecutorConfig
 

@@ -23,7 +23,7 @@ version = "0.0.1"
 dependencies = ["verl-core>=0.1,<0.2", "verl-algorithms>=0.1,<0.2"]
 
 [project.entry-points."verl.plugin_api"]
-v2 = "verl_algo_marked"
+v3 = "verl_algo_marked"
 
 [project.entry-points."verl.algorithms"]
 marked = "verl_algo_marked:Marked"

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec
+from verl_core.contracts import ModelSpec
 from verl_core.testing import RolloutConformance, tiny_model_dir
 from verl_rollout_hf import HFRollout, HFRolloutConfig
 

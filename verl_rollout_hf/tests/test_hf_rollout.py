@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from verl_core.interfaces import ModelSpec, SamplingParams
+from verl_core.contracts import ModelSpec, SamplingParams
 from verl_core.testing import chat_prompt_ids, tiny_model_dir
 from verl_rollout_hf import HFRollout, HFRolloutConfig
 

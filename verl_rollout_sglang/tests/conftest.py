@@ -56,7 +56,7 @@ def prompts(tokenizer: Any) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def sglang_engine(model_dir: str, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One SGLang server on the tiny model, float32, for the whole session."""
-    from verl_core.interfaces import ModelSpec
+    from verl_core.contracts import ModelSpec
 
     from verl_rollout_sglang.engine import SGLangRollout, SGLangRolloutConfig
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec, SamplingParams
+from verl_core.contracts import ModelSpec, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

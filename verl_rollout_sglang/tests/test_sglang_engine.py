@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec, SamplingParams
+from verl_core.contracts import ModelSpec, SamplingParams
 from verl_core.testing import RolloutConformance
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -105,7 +105,7 @@ def test_no_server_process_outlives_a_killed_trainer(model_dir: str, tmp_path: P
     script = textwrap.dedent(f"""
         import sys, time
         from transformers import AutoTokenizer
-        from verl_core.interfaces import ModelSpec
+        from verl_core.contracts import ModelSpec
         from verl_rollout_sglang.engine import SGLangRollout, SGLangRolloutConfig
         tok = AutoTokenizer.from_pretrained({model_dir!r})
         e = SGLangRollout(config=SGLangRolloutConfig(log_dir={str(tmp_path)!r}),

@@ -60,7 +60,7 @@ def prompts(tokenizer: Any) -> list[list[int]]:
 def vllm_engine(model_dir: str, tokenizer: Any) -> Iterator[Any]:
     """One in-process vLLM engine on the tiny model, float32, for the whole session."""
     torch.set_num_threads(1)
-    from verl_core.interfaces import ModelSpec
+    from verl_core.contracts import ModelSpec
     from verl_rollout_vllm.engine import VLLMRollout, VLLMRolloutConfig
 
     # Adapters on (max_lora_rank) so one engine also covers LoRA adapter sync; without an adapter

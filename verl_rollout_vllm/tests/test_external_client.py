@@ -85,7 +85,7 @@ def test_transient_failures_are_retried(fresh_server, tokenizer):
 @pytest.mark.slow
 def test_the_dataflow_node_is_the_rollout_stage_on_the_server(fresh_server, tokenizer):
     from verl_core.dataflow import DataflowBuilder, StepContext
-    from verl_core.interfaces import SamplingParams
+    from verl_core.contracts import SamplingParams
     from verl_rewards.config import RewardConfig
     from verl_rewards.manager import RewardManager
 

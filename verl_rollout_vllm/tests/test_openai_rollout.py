@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec, SamplingParams
+from verl_core.contracts import ModelSpec, SamplingParams
 from verl_core.testing import RolloutConformance
 from verl_rollout_vllm.external import OpenAIRollout, OpenAIRolloutConfig, ServerError
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
 from verl_core.rollout_utils import build_batch
 from verl_core.testing import RolloutConformance
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from verl_core.interfaces import EnvironmentConfig, SamplingParams, StepResult
+from verl_core.contracts import EnvironmentConfig, SamplingParams, StepResult
 from verl_env_kit import MultiTurnEnvironment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

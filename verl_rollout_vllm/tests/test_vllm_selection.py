@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from verl_core.interfaces import ModelSpec
+from verl_core.contracts import ModelSpec
 from verl_rollout_vllm.external import OpenAIRollout, OpenAIRolloutConfig, ServerError
 
 

@@ -515,7 +515,7 @@ def test_a_rollout_process_that_dies_fails_the_run_with_its_exit_code(tmp_path: 
 
 
 def test_an_error_in_the_rollout_process_is_raised_here_with_its_traceback(tmp_path: Path) -> None:
-    from verl_core.interfaces import SamplingParams
+    from verl_core.contracts import SamplingParams
 
     t = trainer(tmp_path, "trainer.mode='colocate_async'", steps=1)
     t.setup()

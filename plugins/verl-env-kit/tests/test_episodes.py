@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from verl_core.interfaces import ENV_REWARDS, Environment, EnvironmentConfig, ModelSpec, SamplingParams, StepResult
+from verl_core.contracts import ENV_REWARDS, Environment, EnvironmentConfig, ModelSpec, SamplingParams, StepResult
 from verl_env_kit import MultiTurnEnvironment
 from verl_env_kit.episodes import check_append_only, run_episodes
 

@@ -9,7 +9,7 @@ import torch
 from verl_core import rollout_stage
 from verl_core.data import PromptSampler, render_rows
 from verl_core.dataflow import StepContext
-from verl_core.interfaces import ModelSpec, RolloutRequest, Role, SamplingParams, WorldInfo
+from verl_core.contracts import ModelSpec, RolloutRequest, Role, SamplingParams, WorldInfo
 from verl_env_vision.task import make_dataset
 from verl_rollout_hf import HFRollout, HFRolloutConfig
 
@@ -74,7 +74,7 @@ def test_images_follow_their_prompts_through_shuffled_draws_and_dynamic_sampling
 
 def test_a_sample_whose_images_were_swapped_is_caught_by_the_alignment_check(rows):
     from verl_core.rollout_utils import build_batch
-    from verl_core.interfaces import RolloutOutput
+    from verl_core.contracts import RolloutOutput
 
     out = RolloutOutput(response_ids=[[1]] * 4, log_probs=None, finish_reasons=["stop"] * 4)
     batch = build_batch(rows[:2], out, n=2, pad_id=0)

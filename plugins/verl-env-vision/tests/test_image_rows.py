@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from verl_core.data import DataError, build_datasets, render_rows
-from verl_core.interfaces import PromptIds
+from verl_core.contracts import PromptIds
 from verl_env_vision.task import QUESTION, make_dataset
 
 

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from verl_core.interfaces import ModelSpec, PromptIds, SamplingParams
+from verl_core.contracts import ModelSpec, PromptIds, SamplingParams
 
 vllm = pytest.importorskip("vllm")
 

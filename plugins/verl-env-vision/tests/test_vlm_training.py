@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from verl_core.data import render_rows
-from verl_core.interfaces import ModelSpec, Role, SamplingParams, WorldInfo
+from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
 from verl_core.rollout_utils import generate_batch
 from verl_env_vision.task import make_dataset
 from verl_rollout_hf import HFRollout, HFRolloutConfig
@@ -110,7 +110,7 @@ def test_the_hf_export_keeps_the_image_processor_and_loads_as_the_same_vlm(actor
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "export", dtype=torch.float32)
     engine = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path="", module=model), tokenizer=exported.tokenizer)
     prompts = [sampled.prompt_ids[0][sampled.prompt_mask[0].bool()].tolist()]
-    from verl_core.interfaces import PromptIds
+    from verl_core.contracts import PromptIds
 
     prompt = PromptIds(prompts[0], multi_modal_inputs=sampled.multi_modal_inputs[0], multi_modal_data={"image": [0]})
     ours = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path="", module=actor.module),

@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from verl_core.interfaces import Role, TrainingWorker, dispatch
+from verl_core.contracts import Role, TrainingWorker, dispatch
 from verl_executor_torchrun.executor import TorchrunExecutor, TorchrunExecutorConfig
 
 

@@ -33,7 +33,7 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-rewards-routing-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(f"[verl.rewards]\nclaims = {mod}:claims\nplain = {mod}:plain\n\n"
-                                           f"[verl.plugin_api]\nv2 = {mod}\n")
+                                           f"[verl.plugin_api]\nv3 = {mod}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield PluginRegistry(paths=[str(tmp_path)], core_version="0.1.0")
     sys.modules.pop(mod, None)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from verl_core.interfaces import RewardError, RewardInput, RewardScorer
+from verl_core.contracts import RewardError, RewardInput, RewardScorer
 from verl_core.registry import PluginRegistry
 from verl_rewards import RewardComponent, RewardConfig, RewardSpecError, per_sample
 from verl_rewards.manager import RewardManager

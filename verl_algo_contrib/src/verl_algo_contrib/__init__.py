@@ -1,6 +1,6 @@
 """verl-algo-contrib: RL and preference algorithms for verl, each a plugin found by entry point.
 
-Every algorithm is a :class:`verl_core.interfaces.Algorithm` with its own ``Config`` dataclass
+Every algorithm is a :class:`verl_core.contracts.Algorithm` with its own ``Config`` dataclass
 (defaults from its paper), selected with ``verl run --algo NAME``:
 
 =========================  =====================================================================

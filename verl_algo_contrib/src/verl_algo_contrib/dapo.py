@@ -27,7 +27,7 @@ import torch
 from verl_algorithms.base import LossAggMode
 from verl_algorithms.functional import scores_to_token_rewards
 from verl_algorithms.grpo import GRPO, GRPOConfig
-from verl_core.interfaces import RolloutRequest
+from verl_core.contracts import RolloutRequest
 
 from verl_algo_contrib import functional as CF
 

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.batch import Batch, scores_to_token_rewards
-from verl_core.data import DataError
-from verl_core.interfaces import RolloutOutput
-from verl_core.rollout_utils import build_batch
+from verl_core.kit import DataError
+from verl_core.contracts import RolloutOutput
+from verl_core.kit import build_batch
 
 __all__ = [
     "response_text",
@@ -132,7 +132,7 @@ def write_addition_preferences(path: str | Path, *, rows: int = 2000, seed: int 
     Returns:
         The path written.
     """
-    from verl_core.data import load_rows
+    from verl_core.kit import load_rows
 
     rng = random.Random(seed)
     train = load_rows("builtin:addition", split="train")

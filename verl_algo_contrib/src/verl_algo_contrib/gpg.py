@@ -20,7 +20,7 @@ import torch
 from verl_algorithms import functional as F
 from verl_algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
-from verl_core.interfaces import Requirements
+from verl_core.contracts import Requirements
 
 from verl_algo_contrib import functional as CF
 

@@ -14,7 +14,7 @@ estimate the KL reference point ``z``, flagged by ``extras["kl_row"]``.
 
 Columns (configurable): ``prompt``, ``chosen``, ``rejected``; KTO also reads ``completion`` and
 ``label`` rows. Micro- and mini-batch sizes must be even so that groups stay whole. Their
-:class:`~verl_core.interfaces.Requirements` ask for ``"preference_pairs"`` data, which a ``builtin:``
+:class:`~verl_core.contracts.Requirements` ask for ``"preference_pairs"`` data, which a ``builtin:``
 dataset that offers it builds itself: ``verl run --algo dpo`` trains on pairs derived from
 ``builtin:addition`` (chosen = the sum, rejected = a near miss).
 """
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements
+from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements
 
 from verl_algo_contrib import functional as CF
 from verl_algo_contrib.data import check_pairs_intact, encode_response, raw_column, two_row_groups

@@ -5,7 +5,7 @@ Large Language Models", arXiv:2310.10505. Instead of PPO's critic, each prompt a
 greedy response from the current policy, and its reward is subtracted from the sampled
 responses' rewards: ``A = r(x, y) - r(x, y_greedy)``. That costs one extra (greedy) generation per
 prompt but no value model and no second copy of the weights in the optimizer. The core's
-rollout stage produces the baseline on request (:mod:`verl_core.rollout_stage`); the update
+rollout stage produces the baseline on request (``verl_core.kit.run_rollout_stage``); the update
 is on-policy REINFORCE (one epoch over the batch, where PPO-clip equals the policy gradient).
 """
 
@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from verl_algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig
-from verl_core import rollout_stage
+from verl_core.kit import BASELINE as STAGE_BASELINE
 from verl_core.batch import Batch
-from verl_core.interfaces import RolloutRequest
+from verl_core.contracts import RolloutRequest
 
 from verl_algo_contrib import functional as CF
 
 __all__ = ["ReMax", "ReMaxConfig"]
 
-BASELINE = rollout_stage.BASELINE
+BASELINE = STAGE_BASELINE
 
 
 @dataclass

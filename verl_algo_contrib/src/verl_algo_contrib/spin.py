@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements
+from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements
 
 from verl_algo_contrib import functional as CF
 from verl_algo_contrib.data import check_pairs_intact, encode_response, raw_column, two_row_groups

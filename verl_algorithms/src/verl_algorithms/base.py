@@ -5,7 +5,7 @@ to a reference policy, an entropy bonus, and an advantage estimator that differs
 :class:`PPOFamilyConfig` holds the knobs they share and :class:`PolicyGradient` the step they share,
 so an algorithm of this family is its config, its ``compute_advantages`` and, where it differs, its
 ``policy_loss``. Algorithms outside the family (DPO, SPIN, ...) implement
-:class:`~verl_core.interfaces.Algorithm` directly and never see these knobs.
+:class:`~verl_core.contracts.Algorithm` directly and never see these knobs.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import ClassVar, Mapping, get_args
 import torch
 
 from verl_core.batch import Batch
-from verl_core.dataflow import DataflowBuilder
-from verl_core.interfaces import Algorithm, AlgorithmConfig, Requirements, RolloutRequest
+from verl_core.kit import DataflowBuilder
+from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements, RolloutRequest
 
 from verl_algorithms import functional as F
 from verl_algorithms.functional import KLEstimator, LossAggMode

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Requirements
+from verl_core.contracts import Requirements
 
 from verl_algorithms import functional as F
 from verl_algorithms.base import KLEstimator, PolicyGradient, PPOFamilyConfig

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from verl_core.batch import Batch
 from verl_core.config import ConfigError
-from verl_core.interfaces import (
+from verl_core.contracts import (
     BackendConfig,
     LogProbs,
     LossFn,
@@ -46,7 +46,7 @@ from verl_core.interfaces import (
     micro_batch_weights,
     rank_mini_batch,
 )
-from verl_core.sharding import ensure_process_group
+from verl_core.kit import ensure_process_group
 from verl_backend_megatron import _convert
 from verl_backend_megatron._convert import Architecture, UnsupportedModelError
 from verl_backend_megatron._cpu import model_compute
@@ -944,7 +944,7 @@ class MegatronWorker(TrainingWorker):
 
     def _saved_extra(self, path: str, *, weights_only: bool) -> dict[str, Any]:
         """The non-tensor record :meth:`save_state` wrote, checked against this worker's model."""
-        from verl_core.checkpoint import CheckpointError
+        from verl_core.kit import CheckpointError
 
         root = Path(path)
         extra_path = root / f"extra_rank{self.world.rank}.pt"
@@ -984,7 +984,7 @@ class MegatronWorker(TrainingWorker):
     def load_state(self, path: str) -> None:
         from megatron.core import dist_checkpointing, tensor_parallel
 
-        from verl_core.checkpoint import CheckpointError
+        from verl_core.kit import CheckpointError
 
         root = Path(path)
         extra = self._saved_extra(path, weights_only=False)

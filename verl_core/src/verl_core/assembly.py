@@ -15,7 +15,7 @@ from typing import Any
 from verl_core.boundary import Boundary, plugin_label
 from verl_core.config import Config, ConfigError, config_to_dict, resolve_config
 from verl_core.data import HUB_ID, build_datasets, check_data_source
-from verl_core.interfaces import ModelSpec, Role
+from verl_core.contracts import ModelSpec, Role
 from verl_core.multimodal import load_processor
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal

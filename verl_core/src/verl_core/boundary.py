@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from verl_core.interfaces import RolloutOutput, StepResult
+from verl_core.contracts import RolloutOutput, StepResult
 
 __all__ = ["Boundary", "PluginOutputError", "plugin_label", "check_messages", "check_step_result", "check_scores",
            "check_rollout_output", "check_advantages", "finite_rows", "ON_INVALID"]
@@ -97,7 +97,7 @@ def check_step_result(value: Any, *, source: str, where: str) -> StepResult:
     (a bool or a string is refused: ``"1"`` is not a reward), a bool ``done``, a dict ``info``.
     A NaN or infinite reward passes here; the reward stage decides (``reward.on_invalid``)."""
     if not isinstance(value, StepResult):
-        raise _fail(source, where, "a verl_core.interfaces.StepResult", value)
+        raise _fail(source, where, "a verl_core.contracts.StepResult", value)
     if value.observation is not None:
         check_messages(value.observation, source=source, where=f"as the observation {where}")
     if not _is_real(value.reward):
@@ -127,7 +127,7 @@ def check_rollout_output(output: Any, *, expected: int, vocab_size: int, source:
     per response, and a weight version that never goes back."""
     where = f"at step {step}"
     if not isinstance(output, RolloutOutput):
-        raise _fail(source, where, "a verl_core.interfaces.RolloutOutput", output)
+        raise _fail(source, where, "a verl_core.contracts.RolloutOutput", output)
     ids, lps = output.response_ids, output.log_probs
     if len(ids) != expected or len(output.finish_reasons) != expected or (lps is not None and len(lps) != expected):
         raise _fail(source, where, f"{expected} responses with a finish reason (and log-probs) each",

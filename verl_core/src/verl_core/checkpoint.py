@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_core.interfaces import WorkerFailedError
+from verl_core.contracts import WorkerFailedError
 
 __all__ = ["CheckpointManager", "CheckpointError", "CheckpointWriteError", "CorruptCheckpointError", "pid_alive"]
 

@@ -32,7 +32,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from verl_core.config import ConfigError
     from verl_core.data import DataError
     from verl_core.registry import PluginError
-    from verl_core.interfaces import RewardError
+    from verl_core.contracts import RewardError
 
     return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError, RewardError)
 
@@ -137,7 +137,7 @@ def run(
         from verl_core.boundary import PluginOutputError
         from verl_core.checkpoint import CheckpointWriteError
         from verl_core.engine_kit import ServerError
-        from verl_core.interfaces import WorkerFailedError
+        from verl_core.contracts import WorkerFailedError
         from verl_core.rollout_utils import WeightSyncError
         from verl_core.signals import PREEMPTED_EXIT, Preempted
         from verl_core.trainer import Trainer

@@ -32,7 +32,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from verl_core.interfaces import ConfigError  # defined with the contracts: plugins raise it too
+from verl_core.contracts import ConfigError  # defined with the contracts: plugins raise it too
 
 __all__ = [
     "Config",
@@ -541,7 +541,7 @@ def fitted_lengths(max_positions: Any) -> dict[str, dict[str, int]]:
     The defaults (512-token prompts, 64 new tokens) need 576 positions; a smaller model keeps a quarter
     of its positions (at most 64) for the response and the rest for the prompt.
     """
-    from verl_core.interfaces import RolloutConfig
+    from verl_core.contracts import RolloutConfig
 
     prompt, new = DataConfig.max_prompt_length, RolloutConfig.max_new_tokens
     if not isinstance(max_positions, int) or isinstance(max_positions, bool) or not 2 <= max_positions < prompt + new:

@@ -21,7 +21,7 @@ counted (``data/<split>_bad_rows``).
 
 Rows with images (``data.image_key``, ``<image>`` placeholders or ``{"type": "image"}`` content parts)
 are rendered by the model's image-text processor (:mod:`verl_core.multimodal`); their ``prompt_ids`` is a
-:class:`~verl_core.interfaces.PromptIds` carrying the images. A model without one refuses them.
+:class:`~verl_core.contracts.PromptIds` carrying the images. A model without one refuses them.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
             ``builtin:`` datasets); a single file is one split already.
         seed: unused; kept for callers that pass it.
         registry: the plugin registry ``builtin:`` datasets are found in (a fresh one by default).
-        format: the rows a ``builtin:`` dataset is asked for (:attr:`~verl_core.interfaces.Requirements.data`);
+        format: the rows a ``builtin:`` dataset is asked for (:attr:`~verl_core.contracts.Requirements.data`);
             other sources are read as they are.
         bad: where a json/jsonl file's unreadable lines (not UTF-8, not JSON, not an object) are noted
             and skipped; ``None`` raises at the first.
@@ -77,7 +77,7 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
         if format not in formats:
             raise DataError(f"data.train: the algorithm trains on {format!r} rows, and {spec} builds only "
                             f"{', '.join(map(repr, formats))}; point data.train at data with {format} (see "
-                            f"verl_core.interfaces.Requirements.data for their columns)")
+                            f"verl_core.contracts.Requirements.data for their columns)")
         asked = {} if format == "prompts" else {"format": format}  # providers of prompts alone take no format
         try:
             return list(provider.rows(split=split, **asked))
@@ -418,7 +418,7 @@ def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format:
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
     """Training and validation prompts from a :class:`~verl_core.config.DataConfig`.
 
-    ``format`` is the algorithm's :attr:`~verl_core.interfaces.Requirements.data`, asked of a ``builtin:``
+    ``format`` is the algorithm's :attr:`~verl_core.contracts.Requirements.data`, asked of a ``builtin:``
     training set (validation always generates from prompts); ``processor`` renders rows with images
     (:func:`verl_core.multimodal.load_processor`). Returns ``(train_rows, val_rows, stats)``;
     ``stats`` holds ``data/...`` counts for the metrics. Dropped and truncated prompts are also reported

@@ -17,7 +17,7 @@ Declaring a custom algorithm::
 Generation belongs to the run, not to the algorithm: :meth:`DataflowBuilder.rollout` is one node
 running the rollout stage (:mod:`verl_core.rollout_stage`), and what an algorithm needs from it
 (DAPO's dynamic sampling, ReMax's greedy baseline) it asks for with a
-:class:`~verl_core.interfaces.RolloutRequest`. Offline algorithms build the batch from the prompt
+:class:`~verl_core.contracts.RolloutRequest`. Offline algorithms build the batch from the prompt
 rows' own columns instead (:meth:`DataflowBuilder.batch_from_data`). The trainer syncs the rollout
 engine's weights after every step; no dataflow declares it.
 """
@@ -33,7 +33,7 @@ import torch
 from verl_core.batch import Batch
 from verl_core.boundary import check_advantages
 
-from verl_core.interfaces import Algorithm, AlgorithmLoss, RolloutRequest
+from verl_core.contracts import Algorithm, AlgorithmLoss, RolloutRequest
 from verl_core.step_context import StepContext
 
 __all__ = ["Node", "Dataflow", "DataflowBuilder", "StepContext", "DataflowError", "old_log_probs_reusable"]

@@ -166,7 +166,7 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     from verl_core.data import PromptSampler
     from verl_core.dataflow import DataflowBuilder
     from verl_core.hooks import build_plugin_manager
-    from verl_core.interfaces import ModelSpec
+    from verl_core.contracts import ModelSpec
     from verl_core.registry import BUILTIN_PREFIX
     from verl_core.rundir import check_output_dir
     from verl_core.assembly import (check_sources, check_step_source, critic_spec, load_data, load_tokenizer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from verl_core.interfaces import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo, dispatch_mode
+from verl_core.contracts import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo, dispatch_mode
 
 __all__ = ["LocalExecutor", "LocalWorkerGroup"]
 

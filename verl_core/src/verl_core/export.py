@@ -7,7 +7,7 @@ from pathlib import Path
 
 from verl_core.checkpoint import CheckpointError, CheckpointManager
 from verl_core.config import apply_overrides, load_raw_config, resolve_config
-from verl_core.interfaces import ModelSpec, Role, WorldInfo
+from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.registry import PluginRegistry
 from verl_core.run_model import copy_overrides
 

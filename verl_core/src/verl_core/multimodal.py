@@ -7,7 +7,7 @@ image) and stand in the chat where the content says ``<image>`` or where a conte
 ``{"type": "image"}``. :class:`ImageTextProcessor` renders the chat with the tokenizer's template,
 runs the model's image processor, and expands each image placeholder into the image's tokens, as
 the model's own processor does; the prompt then travels as a
-:class:`~verl_core.interfaces.PromptIds` that carries the images and their tensors.
+:class:`~verl_core.contracts.PromptIds` that carries the images and their tensors.
 
 The image processor is read from the model directory (``preprocessor_config.json``). transformers'
 full ``AutoProcessor`` of Qwen2-VL also builds a video processor, which needs torchvision; the
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from verl_core.interfaces import PromptIds
+from verl_core.contracts import PromptIds
 
 __all__ = ["ImageTextProcessor", "load_processor", "decode_image", "row_images", "image_messages",
            "vision_forward_inputs", "vision_token_ids", "is_vision_model", "auto_model_class", "IMAGE_PLACEHOLDER",

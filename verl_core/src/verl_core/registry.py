@@ -18,9 +18,9 @@ A distribution that provides plugins declares the plugin-API version it targets 
 ``pyproject.toml``::
 
     [project.entry-points."verl.plugin_api"]
-    v2 = "my_package"
+    v3 = "my_package"
 
-The entry point's *name* (``v2``) is the declaration; its value is ignored. A distribution without a
+The entry point's *name* (``v3``) is the declaration; its value is ignored. A distribution without a
 declaration, targeting a version this verl-core does not serve, or whose ``Requires-Dist`` on
 ``verl-core`` excludes the installed verl-core, is reported as ``incompatible`` and is never imported.
 
@@ -71,11 +71,19 @@ KINDS: dict[str, str] = {
 PLUGIN_API_GROUP = "verl.plugin_api"
 
 #: The plugin-API version this verl-core implements. v2: the rollout stage took generation out of the
-#: algorithms; a v1 plugin would load and misbehave (its ``filter_batch`` is never called).
-PLUGIN_API_VERSION = 2
+#: algorithms; a v1 plugin would load and misbehave (its ``filter_batch`` is never called). v3: the
+#: contracts moved from ``verl_core.interfaces`` to ``verl_core.contracts`` (one module per plugin kind),
+#: the algorithms to verl-algorithms and the HF rollout to verl-rollout-hf; a v2 plugin fails to import.
+PLUGIN_API_VERSION = 3
 
 #: Plugin-API versions this verl-core can load plugins for.
-SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({2})
+SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({3})
+
+#: What a plugin written for an older API renames to target this one.
+_API_RENAMES = {2: "in its imports, verl_core.interfaces -> verl_core.contracts, verl_core.algorithms(.base, .grpo, "
+                   ".ppo, .functional) -> verl_algorithms(...), verl_core.rollout_hf -> verl_rollout_hf, "
+                   "verl_core.agent_loop -> verl_env_kit (environments subclass verl_env_kit.MultiTurnEnvironment); "
+                   'then declare v3 = "<its_module>" under [project.entry-points."verl.plugin_api"]'}
 
 #: Distributions the verl project ships apart from verl-core, and what they provide, for install
 #: hints only (nothing here is ever loaded). A tuple names the plugins a distribution provides; ``"*"``
@@ -279,6 +287,8 @@ def _api_problem(dist: _DistMeta, core_version: str) -> str | None:
         advice = f"upgrade verl-core, or downgrade {dist.name} to a release targeting {serves}"
     else:
         advice = f"upgrade {dist.name} to a release targeting {serves}, or downgrade verl-core"
+        if max(declared) in _API_RENAMES:
+            advice += f"; to port it, rename {_API_RENAMES[max(declared)]}"
     return (f"{dist.name} {dist.version} targets plugin API {targets}; "
             f"this verl-core (version {core_version}) serves {serves}; {advice}")
 

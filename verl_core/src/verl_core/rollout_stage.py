@@ -4,9 +4,9 @@
 
 1. **generate**: the rollout engine samples ``rollout.n`` responses per prompt (token ids in and
    out; nothing is re-tokenised);
-2. **reward**: the run's :class:`~verl_core.interfaces.RewardScorer` (``reward.scorer``) scores every
+2. **reward**: the run's :class:`~verl_core.contracts.RewardScorer` (``reward.scorer``) scores every
    response; the score sits on its last token;
-3. **filter**: the algorithm's :attr:`~verl_core.interfaces.RolloutRequest.filter` keeps the groups
+3. **filter**: the algorithm's :attr:`~verl_core.contracts.RolloutRequest.filter` keeps the groups
    worth training on; while fewer groups than the step's prompts survive, more prompts are drawn and
    generated (at most ``max_extra_rounds`` times: DAPO's dynamic sampling, arXiv:2503.14476);
 4. **greedy baseline**: on request, one greedy response per prompt is scored and its reward kept in
@@ -16,7 +16,7 @@
 
 Algorithms never re-implement these steps; they ask for options through the request. With an
 environment (``[environment]``), step 1 is the environment class's episode runner
-(:meth:`~verl_core.interfaces.Environment.run_episodes`, the multi-turn loop of verl-env-kit): the
+(:meth:`~verl_core.contracts.Environment.run_episodes`, the multi-turn loop of verl-env-kit): the
 batch then holds whole trajectories with tool output masked out, and the environment's per-turn
 rewards are added to the reward stage's scores (on the turns' last tokens).
 """
@@ -31,7 +31,7 @@ import torch
 
 from verl_core.batch import Batch, scores_to_token_rewards
 from verl_core.boundary import check_scores, finite_rows
-from verl_core.interfaces import ENV_REWARDS, PromptIds, RolloutRequest
+from verl_core.contracts import ENV_REWARDS, PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import PromptIds, RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
+from verl_core.contracts import PromptIds, RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
 
 __all__ = ["DEFAULT_LOG_PROB_GAP", "generate_batch", "build_batch", "left_pad", "right_pad", "sync_rollout_weights",
            "check_weight_sync", "check_log_prob_gap", "guard_limit", "WeightSyncError", "check_rollout_multi_modal"]

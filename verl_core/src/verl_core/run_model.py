@@ -24,7 +24,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from verl_core.interfaces import ConfigError
+from verl_core.contracts import ConfigError
 
 __all__ = ["MODEL_COPY", "CRITIC_COPY", "write_run_models", "copy_overrides", "copied_keys", "stands_for",
            "stand_in", "check_same_model", "fingerprint"]

@@ -1,6 +1,6 @@
 """Cutting a call's arguments into per-rank shards and joining the ranks' results.
 
-What the ``"split"`` dispatch mode (:func:`verl_core.interfaces.dispatch`) does in every
+What the ``"split"`` dispatch mode (:func:`verl_core.contracts.dispatch`) does in every
 multi-process executor (Ray, torchrun), as pure functions over the core's types. A ``"split"``
 call cuts its first argument (a :class:`~verl_core.batch.Batch`, a tensor, or a list such as
 prompt token ids) into one contiguous shard per data-parallel rank. When the length does not divide evenly, the end
@@ -14,7 +14,7 @@ with token totals (prompt + response) as even as a greedy longest-first assignme
 so the ranks of one collective finish their forward and backward passes at about the same time.
 The results are put back into the caller's order when they are joined.
 
-With model parallelism (:class:`~verl_core.interfaces.WorldInfo` mesh fields) a split call is cut
+With model parallelism (:class:`~verl_core.contracts.WorldInfo` mesh fields) a split call is cut
 into one shard per *data-parallel group*; every rank of a group gets its group's shard, and
 :class:`Mesh` says which rank's result stands for each group.
 
@@ -66,7 +66,7 @@ class Mesh:
 
     @classmethod
     def of(cls, worlds: Sequence[Any]) -> "Mesh":
-        """From the ranks' :class:`~verl_core.interfaces.WorldInfo` in rank order (pure data parallel
+        """From the ranks' :class:`~verl_core.contracts.WorldInfo` in rank order (pure data parallel
         when they name no mesh)."""
         dp_size = worlds[0].dp_size
         readers: list[list[int]] = [[] for _ in range(dp_size)]
@@ -233,7 +233,7 @@ def _trim(value: Any, real: int, padded: int, order: Sequence[int] | None = None
 
 def ensure_process_group(world: Any) -> None:
     """Join (or start) the ``torch.distributed`` group a backend's worker at ``world`` (a
-    :class:`~verl_core.interfaces.WorldInfo`) trains in: NCCL on CUDA, gloo otherwise.
+    :class:`~verl_core.contracts.WorldInfo`) trains in: NCCL on CUDA, gloo otherwise.
 
     An executor that started the processes has exported the ``env://`` rendezvous; a one-rank group
     without one needs none (an in-memory store). A group already initialised with another size is

@@ -11,7 +11,7 @@ from verl_core.batch import Batch
 from verl_core.boundary import Boundary
 
 if TYPE_CHECKING:
-    from verl_core.interfaces import (Algorithm, Environment, EnvironmentConfig, RewardScorer, RolloutEngine,
+    from verl_core.contracts import (Algorithm, Environment, EnvironmentConfig, RewardScorer, RolloutEngine,
                                       SamplingParams, WorkerGroup)
 
 __all__ = ["StepContext"]

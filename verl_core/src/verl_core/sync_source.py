@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from verl_core.contracts.step_source import SourcedStep, StepSource
-from verl_core.interfaces import ConfigError
+from verl_core.contracts import ConfigError
 from verl_core.rollout_utils import sync_rollout_weights
 
 __all__ = ["SyncConfig", "SyncSource"]

@@ -31,7 +31,7 @@ from verl_core.data import PromptSampler
 from verl_core.hooks import build_plugin_manager
 from verl_core.health import HealthMonitor
 from verl_core.progress import Progress
-from verl_core.interfaces import ModelSpec, RewardScorer, Role, WorkerFailedError
+from verl_core.contracts import ModelSpec, RewardScorer, Role, WorkerFailedError
 from verl_core.registry import PluginRegistry
 from verl_core.rollout_utils import check_weight_sync, guard_limit
 from verl_core.rundir import RunLock, open_run_dir

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from verl_core.boundary import check_scores, finite_rows
-from verl_core.interfaces import ENV_REWARDS
+from verl_core.contracts import ENV_REWARDS
 from verl_core.samples import sample_records, spread
 
 __all__ = ["validate"]

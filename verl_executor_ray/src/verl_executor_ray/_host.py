@@ -34,7 +34,7 @@ class WorkerHost:
     def __init__(self, *, pool: str, rank: int, world_size: int, local_rank: int, device: str, threads: int) -> None:
         import torch
 
-        from verl_core.interfaces import WorldInfo
+        from verl_core.contracts import WorldInfo
 
         # OMP_NUM_THREADS came with the process's environment; torch's pools are sized here too.
         torch.set_num_threads(threads)

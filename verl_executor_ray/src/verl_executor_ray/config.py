@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verl_core.config import ConfigError
-from verl_core.interfaces import ExecutorConfig, Role
+from verl_core.contracts import ExecutorConfig, Role
 
 __all__ = ["RayExecutorConfig", "ROLES", "DEFAULT_POOL"]
 

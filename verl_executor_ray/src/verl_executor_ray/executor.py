@@ -4,7 +4,7 @@ The single controller (the process running :class:`~verl_core.trainer.Trainer`) 
 is; each resource pool becomes ``nnodes x procs`` :class:`~verl_executor_ray._host.WorkerHost`
 actors placed with one placement group per node. A role's worker group runs SPMD on the
 processes of the pool it is placed on, with a ``torch.distributed`` rendezvous per pool, and a
-call on the group is dispatched as the worker method declares (:func:`verl_core.interfaces.dispatch`).
+call on the group is dispatched as the worker method declares (:func:`verl_core.contracts.dispatch`).
 
 Roles that share a pool share processes (the hybrid engine): calls on such groups are serialised
 per pool, because their collectives run on the same process group. Groups on different pools run
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from verl_core.config import ConfigError
-from verl_core.interfaces import (
+from verl_core.contracts import (
     Executor,
     ModelSpec,
     Role,

@@ -50,9 +50,9 @@ from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
-from verl_core.engine_kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
-from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
-from verl_core.rollout_utils import WeightSyncError
+from verl_core.kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
+from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+from verl_core.kit import WeightSyncError
 
 from verl_rollout_sglang.environment import SGLangEnvironmentError, server_python
 from verl_rollout_sglang.server import CPU_SUPPORT_DIR, ServerProcess, ServerStartError, free_port

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from verl_core.interfaces import ModelSpec, RolloutOutput, RolloutRequest, SamplingParams
+from verl_core.contracts import ModelSpec, RolloutOutput, RolloutRequest, SamplingParams
 
 __all__ = ["ExternalInferenceClient", "ExternalOutput", "external_generate", "SAMPLING_PARAMS"]
 
@@ -39,7 +39,7 @@ class ExternalOutput(RolloutOutput):
     """What :meth:`ExternalInferenceClient.generate` returns: the samples, and their text.
 
     ``response_ids``, ``log_probs`` and ``finish_reasons`` hold ``len(prompts) * n`` samples,
-    prompt 0's ``n`` first (:class:`~verl_core.interfaces.RolloutOutput`); ``texts`` decodes them.
+    prompt 0's ``n`` first (:class:`~verl_core.contracts.RolloutOutput`); ``texts`` decodes them.
     """
 
     texts: list[str] = dataclasses.field(default_factory=list)
@@ -119,7 +119,7 @@ class ExternalInferenceClient:
     # ------------------------------------------------------------------ generation
     def sampling(self, sampling_params: Mapping[str, Any] | None = None, *,
                  base: SamplingParams | None = None) -> SamplingParams:
-        """The :class:`~verl_core.interfaces.SamplingParams` of a call: ``base``, the client's defaults, then these."""
+        """The :class:`~verl_core.contracts.SamplingParams` of a call: ``base``, the client's defaults, then these."""
         values = {**self.sampling_params, **_checked(sampling_params)}
         fields = {SAMPLING_PARAMS[k]: v for k, v in values.items()}
         if "stop_token_ids" in fields:
@@ -212,9 +212,7 @@ def external_generate(df: Any, *, client: ExternalInferenceClient, sampling_para
     written to ``sync_dir`` and reloaded; ``"ignore"``: the server keeps its own; ``"error"``, the
     default: the step stops and says so).
     """
-    from verl_core import rollout_stage
-    from verl_core.dataflow import BATCH, EXTRAS_PREFIX
-    from verl_core.rollout_utils import sync_rollout_weights
+    from verl_core.kit import BASELINE, BATCH, EXTRAS_PREFIX, run_rollout_stage, sync_rollout_weights
 
     request = request or RolloutRequest()
     overrides = _checked(sampling_params)  # a misspelt parameter fails when the dataflow is built
@@ -224,17 +222,17 @@ def external_generate(df: Any, *, client: ExternalInferenceClient, sampling_para
         if client.config.weight_sync != "ignore" and ctx.actor is not None:
             sync_rollout_weights(engine, ctx.actor)  # the policy of this step: after the last update
         sampling = client.sampling(overrides, base=ctx.sampling)
-        return rollout_stage.run(dataclasses.replace(ctx, rollout=engine, sampling=sampling,
+        return run_rollout_stage(dataclasses.replace(ctx, rollout=engine, sampling=sampling,
                                                      rollout_name=f"external {client.config.base_url}"), request)
 
     writes = [BATCH, "scores", "token_rewards"]
     if request.greedy_baseline:
-        writes.append(EXTRAS_PREFIX + rollout_stage.BASELINE)
+        writes.append(EXTRAS_PREFIX + BASELINE)
     return df.node(name, run, writes=writes, role="rollout")
 
 
 def _base_fields() -> set[str]:
-    from verl_core.interfaces import RolloutConfig
+    from verl_core.contracts import RolloutConfig
 
     return {f.name for f in dataclasses.fields(RolloutConfig)}
 

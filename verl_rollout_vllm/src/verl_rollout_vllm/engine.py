@@ -15,7 +15,7 @@ vLLM is imported in :class:`VLLMRollout`'s constructor, never at module import: 
 imports this module, and that must work (and fail with an install command at validation) on a
 machine without vLLM.
 
-Prompts with images (:class:`~verl_core.interfaces.PromptIds`) go to vLLM as ``TokensPrompt`` with
+Prompts with images (:class:`~verl_core.contracts.PromptIds`) go to vLLM as ``TokensPrompt`` with
 their ``multi_modal_data``. A vision-language model that the installed vLLM cannot serve (an
 architecture it does not know, or a processor it cannot build, such as Qwen2-VL's without
 torchvision) fails at start-up with the reason, never as a rollout that reads only the text.
@@ -37,8 +37,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from verl_core.config import ConfigError
-from verl_core.engine_kit import sample_seed, stop_token_ids, write_safetensors
-from verl_core.interfaces import (
+from verl_core.kit import sample_seed, stop_token_ids, write_safetensors
+from verl_core.contracts import (
     LoRAAdapter,
     ModelSpec,
     RolloutConfig,
@@ -47,7 +47,7 @@ from verl_core.interfaces import (
     SamplingParams,
     WorldInfo,
 )
-from verl_core.rollout_utils import WeightSyncError as _CoreWeightSyncError
+from verl_core.kit import WeightSyncError as _CoreWeightSyncError
 
 from verl_rollout_vllm._install import INSTALL_HINT, explain_start_failure, import_vllm, vllm_available
 

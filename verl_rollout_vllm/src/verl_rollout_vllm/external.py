@@ -32,8 +32,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verl_core.engine_kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
-from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+from verl_core.kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
+from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
 
 __all__ = ["OpenAIRollout", "OpenAIRolloutConfig", "ServerError"]
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verl_core.interfaces import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams
+from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams
 
 __all__ = ["HostedEngine"]
 

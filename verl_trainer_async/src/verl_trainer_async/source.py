@@ -18,10 +18,10 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from verl_core import rollout_stage
 from verl_core.config import CORE_SECTIONS
 from verl_core.contracts import SourcedStep, StepSource
-from verl_core.interfaces import ConfigError
+from verl_core.kit import produce_rollout
+from verl_core.contracts import ConfigError
 from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                          snapshot_weights, with_version)
 
@@ -174,7 +174,7 @@ class AsyncSource(StepSource):
         def produce(seq: int, prompts: list[dict[str, Any]], draw: Any) -> tuple[Any, dict[str, float]]:
             # The producer's engine reports weight versions of its own; it trains nothing (actor=None).
             ctx = t.step_context(seq, prompts, rollout=engine, actor=None, draw_prompts=draw, boundary=boundary)
-            return rollout_stage.produce(ctx, request), ctx.metrics
+            return produce_rollout(ctx, request), ctx.metrics
 
         self._threads = threads
         producer = RolloutProducer(engine=engine, produce=produce, sampler=t.sampler, rows=t.train_rows,

@@ -21,7 +21,7 @@ import torch
 from verl_algorithms import functional as F
 from verl_algorithms.base import PolicyGradient, PPOFamilyConfig
 from verl_core.batch import Batch
-from verl_core.interfaces import RolloutRequest
+from verl_core.contracts import RolloutRequest
 
 __all__ = ["MyAlgo", "MyAlgoConfig", "keep_groups_with_spread"]
 

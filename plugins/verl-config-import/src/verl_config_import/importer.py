@@ -8,7 +8,7 @@ per step. KL estimator and loss-aggregation names are translated. The report end
 theirs that differ from ours for keys the file does not set, so a run does not change silently.
 
 :class:`VerlYamlFormat` serves it to the ``verl`` command as the ``verl-yaml`` config format
-(:class:`verl_core.interfaces.ConfigFormat`): ``verl run -c ppo_trainer.yaml`` and ``verl config import``.
+(:class:`verl_core.contracts.ConfigFormat`): ``verl run -c ppo_trainer.yaml`` and ``verl config import``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from verl_core.config import ConfigError, parse_value
-from verl_core.interfaces import ConfigFormat
+from verl_core.contracts import ConfigFormat
 
 __all__ = ["ImportReport", "VerlYamlFormat", "import_config", "read_foreign", "detect_format", "flatten"]
 
@@ -225,7 +225,7 @@ _VERL_DEFAULTS = [
 
 
 def _verl(flat: dict[str, Any], report: ImportReport) -> None:
-    from verl_core.interfaces import RolloutConfig
+    from verl_core.contracts import RolloutConfig
 
     n = flat.get("actor_rollout_ref.rollout.n", RolloutConfig.n)  # the n this run will use
     n = n if isinstance(n, int) and n > 0 else RolloutConfig.n

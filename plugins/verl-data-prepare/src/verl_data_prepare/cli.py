@@ -26,7 +26,7 @@ def prepare(
     data_source: Optional[str] = typer.Option(None, help="data_source of the rows (default: verl's name)."),
 ) -> None:
     """Convert GSM8K / MATH / Geometry3K files into verl-format parquet, extracting the ground truths."""
-    from verl_core.data import DataError
+    from verl_core.kit import DataError
 
     from verl_data_prepare.prepare import prepare as run_prepare
 

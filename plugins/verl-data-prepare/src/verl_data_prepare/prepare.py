@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from verl_core.data import DataError
+from verl_core.kit import DataError
 from verl_reward_rules import extract_gsm8k_answer, last_boxed, strip_boxed
 
 __all__ = ["DATASETS", "PrepareResult", "prepare", "sample_path"]

@@ -1,7 +1,7 @@
 """The environment kit for verl: the multi-turn loop environments run in.
 
 Environment plugins subclass :class:`~verl_env_kit.environment.MultiTurnEnvironment` (instead of
-``verl_core.interfaces.Environment``); its :meth:`run_episodes` is the episode runner the core's
+``verl_core.contracts.Environment``); its :meth:`run_episodes` is the episode runner the core's
 rollout stage and validation call on the run's environment class. :mod:`verl_env_kit.episodes` holds
 the loop and the chat-template helpers (:func:`~verl_env_kit.episodes.render_tokens`,
 :func:`~verl_env_kit.episodes.check_append_only`).

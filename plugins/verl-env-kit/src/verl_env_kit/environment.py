@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from verl_core.interfaces import Environment
+from verl_core.contracts import Environment
 
 if TYPE_CHECKING:
     from verl_core.batch import Batch
-    from verl_core.interfaces import EnvironmentConfig, RolloutEngine, SamplingParams
+    from verl_core.contracts import EnvironmentConfig, RolloutEngine, SamplingParams
 
 __all__ = ["MultiTurnEnvironment"]
 
 
 class MultiTurnEnvironment(Environment):
-    """An :class:`~verl_core.interfaces.Environment` whose episodes run in the kit's multi-turn loop
+    """An :class:`~verl_core.contracts.Environment` whose episodes run in the kit's multi-turn loop
     (:func:`verl_env_kit.episodes.run_episodes`): subclass it and write ``reset``/``step`` (and
     ``tools``/``close`` where needed), as for the core's contract."""
 
@@ -23,7 +23,7 @@ class MultiTurnEnvironment(Environment):
                      make_env: Callable[[], Environment], config: EnvironmentConfig, *, pad_id: int,
                      metrics: dict[str, float] | None = None, boundary: Any = None, step: int = 0) -> Batch:
         """The multi-turn loop of :mod:`verl_env_kit.episodes` (see
-        :meth:`verl_core.interfaces.Environment.run_episodes`)."""
+        :meth:`verl_core.contracts.Environment.run_episodes`)."""
         from verl_env_kit.episodes import run_episodes  # torch and the batch, only once episodes run
 
         return run_episodes(engine, prompts, sampling, make_env, config, pad_id=pad_id, metrics=metrics,

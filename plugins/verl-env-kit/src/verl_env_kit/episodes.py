@@ -2,14 +2,14 @@
 
 :meth:`verl_env_kit.MultiTurnEnvironment.run_episodes` calls :func:`run_episodes`; the core's rollout
 stage and validation call that on the run's environment class
-(:meth:`verl_core.interfaces.Environment.run_episodes`). Per trajectory (one per prompt and sample),
+(:meth:`verl_core.contracts.Environment.run_episodes`). Per trajectory (one per prompt and sample),
 with an environment created for it:
 
-1. the environment's :meth:`~verl_core.interfaces.Environment.reset` gives the first messages
+1. the environment's :meth:`~verl_core.contracts.Environment.reset` gives the first messages
    (and its tools); the chat template renders them once into the prompt's token ids;
 2. the engine samples the model's turn from the trajectory's token ids; **those tokens are kept
    exactly as sampled** (their log-probs too), and never re-tokenised;
-3. the environment inspects the turn's text (:meth:`~verl_core.interfaces.Environment.step`,
+3. the environment inspects the turn's text (:meth:`~verl_core.contracts.Environment.step`,
    which may be a coroutine) and answers with observation messages, a reward, or done;
 4. only the environment's additions are tokenised: the text the chat template puts after the
    model's last token (the rest of the assistant turn's closing, the observation, the next
@@ -29,7 +29,7 @@ counts them, and a warning says which template) and never trains on mismatched t
 The response holds the model's turns and the environment's tokens; ``response_mask`` is 1 on model
 tokens and 0 on environment tokens, so losses, KL, entropy and advantages skip tool output. Each
 environment reward sits on the last model token of the turn it answered
-(``batch.extras[ENV_REWARDS]``, :data:`verl_core.interfaces.ENV_REWARDS`); the rollout stage adds them
+(``batch.extras[ENV_REWARDS]``, :data:`verl_core.contracts.ENV_REWARDS`); the rollout stage adds them
 to the reward stage's scores.
 """
 
@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from verl_core.batch import Batch
-from verl_core.engine_kit import stop_token_ids
-from verl_core.boundary import Boundary, check_messages, check_step_result
-from verl_core.interfaces import ENV_REWARDS, PromptIds, SamplingParams, StepResult
-from verl_core.rollout_utils import left_pad, right_pad
+from verl_core.kit import stop_token_ids
+from verl_core.kit import Boundary, check_messages, check_step_result
+from verl_core.contracts import ENV_REWARDS, PromptIds, SamplingParams, StepResult
+from verl_core.kit import left_pad, right_pad
 
 if TYPE_CHECKING:
-    from verl_core.interfaces import Environment, EnvironmentConfig, RolloutEngine
+    from verl_core.contracts import Environment, EnvironmentConfig, RolloutEngine
 
 __all__ = ["run_episodes", "render_tokens", "check_append_only"]
 

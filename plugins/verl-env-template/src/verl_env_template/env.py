@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from verl_core.interfaces import EnvironmentConfig, StepResult
+from verl_core.contracts import EnvironmentConfig, StepResult
 # The multi-turn loop your environment runs in (verl-env-kit); subclass it, not verl_core's Environment.
 from verl_env_kit import MultiTurnEnvironment
 

@@ -21,8 +21,8 @@ import pathlib
 import random
 from typing import Any, Sequence
 
-from verl_core.builtin_kit import build_once, one_torch_thread
-from verl_core.interfaces import DatasetProvider, ModelProvider
+from verl_core.kit import build_once, one_torch_thread
+from verl_core.contracts import DatasetProvider, ModelProvider
 
 __all__ = ["TinyQwen2Tools", "ToolArithmetic", "ToolArithmeticReward", "build_tokenizer", "make_dataset",
            "ensure_model", "CHAT_TEMPLATE", "DATA_SOURCE"]
@@ -163,7 +163,7 @@ def trace_pieces(tokenizer: Any, row: dict) -> list[tuple[list[int], int]]:
 
 
 def _greedy_accuracy(model: Any, tokenizer: Any, rows: Sequence[dict]) -> float:
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     from verl_env_tools.env import ToolsConfig, ToolsEnvironment

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_core.interfaces import StepResult
+from verl_core.contracts import StepResult
 from verl_env_kit import MultiTurnEnvironment
 
 __all__ = ["VisionEnvironment"]

@@ -25,7 +25,7 @@ import pathlib
 import random
 from typing import Any, Sequence
 
-from verl_core.interfaces import DatasetProvider, ModelProvider
+from verl_core.contracts import DatasetProvider, ModelProvider
 
 __all__ = ["TinyQwen2VL", "VisionShapes", "VisionShapesBlank", "VisionShapesReward", "build_tokenizer",
            "build_image_processor", "build_model", "make_dataset", "draw_shapes", "ensure_model", "COLOURS",
@@ -59,7 +59,7 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer() -> Any:
     """Byte-level (no merges), the ChatML and vision markers as single special tokens."""
-    from verl_core.builtin_kit import byte_level_tokenizer
+    from verl_core.kit import byte_level_tokenizer
 
     return byte_level_tokenizer(pad=SPECIAL[0], eos=SPECIAL[2], special=[SPECIAL[1], *SPECIAL[3:]], merged=MERGED,
                                 chat_template=CHAT_TEMPLATE)
@@ -201,14 +201,14 @@ def build_model(tokenizer: Any, *, seed: int = SEED) -> Any:
 
 def _encode_rows(processor: Any, rows: Sequence[dict]) -> list[dict]:
     """Rows rendered as the data stage renders them (a PromptIds with its images), for the warm start."""
-    from verl_core.data import render_rows
+    from verl_core.kit import render_rows
 
     out, _ = render_rows(rows, processor.tokenizer, processor=processor, max_prompt_length=128, source="warm start")
     return out
 
 
 def _greedy_accuracy(model: Any, processor: Any, rows: Sequence[dict], greedy: bool = True) -> float:
-    from verl_core.interfaces import ModelSpec, SamplingParams
+    from verl_core.contracts import ModelSpec, SamplingParams
     from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     tok = processor.tokenizer
@@ -232,8 +232,8 @@ def warm_start(model: Any, processor: Any, rows: Sequence[dict], held_out: Seque
     """
     import torch
 
-    from verl_core.multimodal import vision_forward_inputs
-    from verl_core.rollout_utils import left_pad
+    from verl_core.kit import vision_forward_inputs
+    from verl_core.kit import left_pad
 
     tok = processor.tokenizer
     blank = _encode_rows(processor, _blanked(rows))
@@ -290,7 +290,7 @@ def _blanked(rows: Sequence[dict]) -> list[dict]:
 
 def build_untrained(path: str | os.PathLike) -> Any:
     """Write the untrained model, tokenizer and image processor to ``path``; returns the processor."""
-    from verl_core.multimodal import ImageTextProcessor
+    from verl_core.kit import ImageTextProcessor
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
@@ -302,7 +302,7 @@ def build_untrained(path: str | os.PathLike) -> Any:
 
 def ensure_model(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """The directory of ``builtin:tiny-qwen2-vl``, built on first use (about a minute on one core)."""
-    from verl_core.builtin_kit import build_once, one_torch_thread
+    from verl_core.kit import build_once, one_torch_thread
 
     def build(tmp: pathlib.Path) -> None:
         import torch

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verl_core.hooks import hookimpl
+from verl_core.kit import hookimpl
 from verl_loggers.console import ConsoleLogger
 from verl_loggers.jsonl import JsonlLogger, scalars
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_core.hooks import hookimpl
+from verl_core.kit import hookimpl
 
 __all__ = ["ConsoleLogger"]
 

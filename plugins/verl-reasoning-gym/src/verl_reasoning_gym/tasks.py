@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from verl_core.interfaces import DatasetProvider
+from verl_core.contracts import DatasetProvider
 
 __all__ = ["DATA_SOURCE", "task_rows", "ReasoningGymReward", "ChainSum"]
 

@@ -11,7 +11,7 @@ Importing this package costs no torch (reward worker processes import it); :clas
 loads on first use.
 """
 
-from verl_core.interfaces import RewardError, RewardInput
+from verl_core.contracts import RewardError, RewardInput
 from verl_rewards.config import REWARD_MODEL_COMPONENT, RewardComponent, RewardConfig
 from verl_rewards.functions import RewardSpecError, batch_reward, load_reward, per_sample, resolve_data_source
 

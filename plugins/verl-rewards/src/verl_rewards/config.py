@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from verl_core.config import ConfigError
-from verl_core.interfaces import ScorerConfig
+from verl_core.contracts import ScorerConfig
 
 __all__ = ["RewardConfig", "RewardComponent", "REWARD_MODEL_COMPONENT"]
 
@@ -47,7 +47,7 @@ class RewardConfig(ScorerConfig):
         aliases: extra data_source -> reward mappings for ``"auto"``, e.g. ``{"my/gsm8k-copy" = "gsm8k"}``.
         on_error: ``"fail"`` stops the run with the row and error; ``"zero"`` scores 0 and counts it in
             ``reward/errors``.
-        on_invalid: (from :class:`~verl_core.interfaces.ScorerConfig`) a NaN/inf reward that reaches the
+        on_invalid: (from :class:`~verl_core.contracts.ScorerConfig`) a NaN/inf reward that reaches the
             core, from an environment or a scorer: ``"stop"`` or ``"skip"`` the rows.
         timeout: seconds one reward call may take (per response, or per batch for a batch reward); 0: none.
         isolation: ``"process"`` runs rewards in worker processes that are killed at the time limit;

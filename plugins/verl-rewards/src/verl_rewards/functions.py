@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from verl_core.config import ConfigError, build_dataclass
-from verl_core.interfaces import RewardError, RewardInput
+from verl_core.contracts import RewardError, RewardInput
 
 __all__ = [
     "RewardInput",
@@ -76,7 +76,7 @@ class per_sample:  # noqa: N801 - used as a decorator, named like one
     Functions with a ``response`` parameter are per-sample anyway; the decorator is for functions that
     name their first parameter differently (it is then passed the response) and for readability.
     Calling the wrapped object with a :class:`RewardInput` scores the whole batch, so it also satisfies
-    :class:`~verl_core.interfaces.RewardFunction`. It pickles by reference to ``fn``, so reward worker
+    :class:`~verl_core.contracts.RewardFunction`. It pickles by reference to ``fn``, so reward worker
     processes can receive it.
     """
 

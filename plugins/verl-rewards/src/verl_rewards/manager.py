@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import RewardScorer
+from verl_core.contracts import RewardScorer
 from verl_rewards.config import REWARD_MODEL_COMPONENT, RewardConfig
 from verl_rewards.functions import (
     LoadedReward,
@@ -139,7 +139,7 @@ class RewardManager(RewardScorer):
 
     def _reward_model_batch(self, responses: Sequence[str], meta: dict[str, list[Any]]) -> Batch:
         """Re-tokenize (prompt, response) pairs for the reward model, in its own chat format."""
-        from verl_core.rollout_utils import left_pad, right_pad
+        from verl_core.kit import left_pad, right_pad
 
         tok = self.reward_model_tokenizer
         n = len(responses)

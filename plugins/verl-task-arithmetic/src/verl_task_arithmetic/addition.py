@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from verl_core.builtin_kit import build_once, one_torch_thread
+from verl_core.kit import build_once, one_torch_thread
 
 __all__ = [
     "BUILTIN_MODEL_NAME",
@@ -302,7 +302,7 @@ def warm_start(
     eval_accuracy: float | None = None
     started = time.perf_counter()
     batch_iter = batches()
-    from verl_core.progress import Progress
+    from verl_core.kit import Progress
 
     with Progress("warm start of the built-in model", total=steps, unit="steps") as bar:
         for step in range(1, steps + 1):

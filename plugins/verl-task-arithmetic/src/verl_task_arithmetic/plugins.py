@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_core.interfaces import DatasetProvider, ModelProvider, StepResult
+from verl_core.contracts import DatasetProvider, ModelProvider, StepResult
 from verl_env_kit import MultiTurnEnvironment
 
 __all__ = ["Addition", "ArithmeticEnvironment", "TinyQwen2Addition", "arithmetic_reward"]

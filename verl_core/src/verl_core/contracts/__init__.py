@@ -1,5 +1,68 @@
-"""The plugin contracts, one module per kind (issue #29 moves the rest of :mod:`verl_core.interfaces` here)."""
+"""The plugin contracts, one module per plugin kind. Plugins import them from here::
 
+    from verl_core.contracts import Algorithm, RolloutEngine, TrainingWorker
+
+Each extension kind has one uniform interface with keyword-only arguments over the typed
+:class:`~verl_core.batch.Batch`: training backends (worker roles), rollout engines, algorithms, rewards,
+environments, executors, step sources and config formats. The controller talks to plugins only through
+these, so it never needs to know which plugin it drives. The conformance suites in
+:mod:`verl_core.testing` check an implementation against them.
+"""
+
+from verl_core.contracts.common import Role, ModelSpec, WorldInfo, ConfigError, dispatch, dispatch_mode
+from verl_core.contracts.backend import LogProbs, LossFn, AlgorithmLoss, rank_mini_batch, check_sequence_length, micro_batch_weights, BackendConfig, LoRAAdapter, TrainingWorker, TrainingBackend
+from verl_core.contracts.rollout import SamplingParams, PromptIds, RolloutOutput, RolloutConfig, RolloutEngine
+from verl_core.contracts.algorithm import AlgorithmConfig, Requirements, RolloutRequest, Algorithm
+from verl_core.contracts.reward import RewardInput, RewardFunction, RewardError, ScorerConfig, RewardScorer
+from verl_core.contracts.environment import ENV_REWARDS, StepResult, EnvironmentConfig, Environment
+from verl_core.contracts.executor import ExecutorConfig, WorkerFailedError, WorkerGroup, Executor
+from verl_core.contracts.providers import ModelProvider, DatasetProvider
+from verl_core.contracts.config_format import ConfigFormat
 from verl_core.contracts.step_source import SourcedStep, StepSource, StepSourceConfig
 
-__all__ = ["SourcedStep", "StepSource", "StepSourceConfig"]
+__all__ = [
+    "Role",
+    "ModelSpec",
+    "WorldInfo",
+    "ConfigError",
+    "dispatch",
+    "dispatch_mode",
+    "LogProbs",
+    "LossFn",
+    "AlgorithmLoss",
+    "rank_mini_batch",
+    "check_sequence_length",
+    "micro_batch_weights",
+    "BackendConfig",
+    "LoRAAdapter",
+    "TrainingWorker",
+    "TrainingBackend",
+    "SamplingParams",
+    "PromptIds",
+    "RolloutOutput",
+    "RolloutConfig",
+    "RolloutEngine",
+    "AlgorithmConfig",
+    "Requirements",
+    "RolloutRequest",
+    "Algorithm",
+    "RewardInput",
+    "RewardFunction",
+    "RewardError",
+    "ScorerConfig",
+    "RewardScorer",
+    "ENV_REWARDS",
+    "StepResult",
+    "EnvironmentConfig",
+    "Environment",
+    "ExecutorConfig",
+    "WorkerFailedError",
+    "WorkerGroup",
+    "Executor",
+    "ModelProvider",
+    "DatasetProvider",
+    "ConfigFormat",
+    "SourcedStep",
+    "StepSource",
+    "StepSourceConfig",
+]

@@ -29,7 +29,7 @@ class StepSourceConfig:
     """The ``[trainer]`` settings of a source that has none besides ``mode``."""
 
     def validate(self) -> None:
-        """Raise :class:`~verl_core.interfaces.ConfigError` on a bad value (nothing to check here)."""
+        """Raise :class:`~verl_core.contracts.ConfigError` on a bad value (nothing to check here)."""
 
 
 @dataclass
@@ -75,7 +75,7 @@ class StepSource(abc.ABC):
     @classmethod
     def check(cls, config: Any, *, mode: str, algorithm: str, generates: bool, off_policy: bool,
               executor: Any, executor_config: Any) -> None:
-        """Refuse a run this source cannot drive (:class:`~verl_core.interfaces.ConfigError` on
+        """Refuse a run this source cannot drive (:class:`~verl_core.contracts.ConfigError` on
         ``trainer.*``), before any model loads. ``generates``: the algorithm's step has a rollout stage;
         ``off_policy``: it can train on samples of older weights; ``executor``: the executor's class."""
 

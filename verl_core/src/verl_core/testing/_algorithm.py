@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~verl_core.interfaces.Algorithm` implementations.
+"""Conformance tests for :class:`~verl_core.contracts.Algorithm` implementations.
 
 Subclass :class:`AlgorithmConformance` in a test module and provide an ``algorithm`` fixture::
 
@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Algorithm, Requirements, RolloutRequest
+from verl_core.contracts import Algorithm, Requirements, RolloutRequest
 from verl_core.testing._config_effects import EffectHarness, config_effect_batch, config_field_problems
 from verl_core.testing._factories import make_batch
 
@@ -177,7 +177,7 @@ class AlgorithmConformance:
         if not hasattr(algorithm, "rollout_request"):
             pytest.skip("the algorithm has no rollout_request()")
         request = algorithm.rollout_request()
-        assert isinstance(request, RolloutRequest), "rollout_request() must return a verl_core.interfaces.RolloutRequest"
+        assert isinstance(request, RolloutRequest), "rollout_request() must return a verl_core.contracts.RolloutRequest"
         assert isinstance(request.max_extra_rounds, int) and request.max_extra_rounds >= 0, (
             f"RolloutRequest.max_extra_rounds must be an int >= 0, got {request.max_extra_rounds!r}")
         if request.filter is None:
@@ -240,7 +240,7 @@ class AlgorithmConformance:
     def test_requirements(self, algorithm: Algorithm) -> None:
         """requirements() returns Requirements and asks for a reference when a KL term is on."""
         needs = algorithm.requirements()
-        assert isinstance(needs, Requirements), "requirements() must return a verl_core.interfaces.Requirements"
+        assert isinstance(needs, Requirements), "requirements() must return a verl_core.contracts.Requirements"
         if _kl_coef(algorithm) > 0:
             assert needs.reference, "a KL coefficient > 0 needs the reference role"
 

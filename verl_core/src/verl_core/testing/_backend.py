@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~verl_core.interfaces.TrainingBackend` implementations.
+"""Conformance tests for :class:`~verl_core.contracts.TrainingBackend` implementations.
 
 Subclass :class:`BackendConformance` and provide two fixtures:
 
@@ -6,7 +6,7 @@ Subclass :class:`BackendConformance` and provide two fixtures:
   must be large enough for one step to move float32 weights;
 * ``model_dir``: a local Hugging Face causal-LM directory (:func:`~verl_core.testing.tiny_model_dir`).
 
-Workers are built on one rank (:class:`~verl_core.interfaces.WorldInfo` defaults), several per
+Workers are built on one rank (:class:`~verl_core.contracts.WorldInfo` defaults), several per
 test, so a backend that sets up ``torch.distributed`` must reuse an existing process group. The
 ground truth is always a plain float32 Hugging Face forward of ``model_dir``.
 
@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import LogProbs, ModelSpec, Role, TrainingBackend, TrainingWorker, WorldInfo
+from verl_core.contracts import LogProbs, ModelSpec, Role, TrainingBackend, TrainingWorker, WorldInfo
 from verl_core.sharding import Mesh, gather_split, split_call
 from verl_core.testing._factories import make_batch
 
@@ -485,7 +485,7 @@ def _grpo_loss(**config: Any) -> Any:
     the way a run loads it, through the registry, when a test needs it. Without it the test skips
     and says what to install.
     """
-    from verl_core.interfaces import AlgorithmLoss
+    from verl_core.contracts import AlgorithmLoss
     from verl_core.registry import PluginError, PluginRegistry
 
     try:

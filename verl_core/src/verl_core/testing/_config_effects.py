@@ -10,7 +10,7 @@ would train on:
 * the policy loss and its gradient w.r.t. the log-probs and entropy, the value loss and its
   gradient w.r.t. the values (when there is a critic);
 * the ``mini_batch_size`` / ``epochs`` the updates were called with;
-* the algorithm's :class:`~verl_core.interfaces.RolloutRequest` and its filter's output on the batch.
+* the algorithm's :class:`~verl_core.contracts.RolloutRequest` and its filter's output on the batch.
 
 Metrics are recorded but not compared: a field that only changes a logged number is a no-op.
 Comparisons are exact (``torch.equal``, ``==``).
@@ -42,7 +42,7 @@ having one when any other single field is moved: that is how ``kl_coef`` is caug
 once ``kl_in_reward`` moves the KL from the loss into rewards that the advantages never read.
 
 A config declares what legitimately does nothing here, with a reason, as class attributes merged
-along its MRO (see :class:`~verl_core.interfaces.AlgorithmConfig`)::
+along its MRO (see :class:`~verl_core.contracts.AlgorithmConfig`)::
 
     inert_fields: ClassVar[dict[str, str]] = {"chosen_key": "names the data column ...; tested by ..."}
     inert_when: ClassVar[dict[tuple[str, str], str]] = {("eps", "norm_adv_by_std"): "..."}
@@ -65,7 +65,7 @@ import torch
 
 from verl_core.batch import Batch, scores_to_token_rewards
 from verl_core.dataflow import DataflowBuilder, StepContext
-from verl_core.interfaces import Algorithm, AlgorithmConfig, LogProbs, RolloutRequest, SamplingParams
+from verl_core.contracts import Algorithm, AlgorithmConfig, LogProbs, RolloutRequest, SamplingParams
 
 __all__ = [
     "ConfigEffect",

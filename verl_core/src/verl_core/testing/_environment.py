@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~verl_core.interfaces.Environment` implementations.
+"""Conformance tests for :class:`~verl_core.contracts.Environment` implementations.
 
 Subclass :class:`EnvironmentConformance` and provide the fixtures:
 
@@ -12,7 +12,7 @@ Subclass :class:`EnvironmentConformance` and provide the fixtures:
 Each value is checked with the core's own boundary checks (:mod:`verl_core.boundary`), so an
 environment that passes here is not stopped by them in a run. ``reset``, ``step`` and ``close`` may be
 coroutines, as the multi-turn loop allows. The class must have an episode runner
-(:meth:`~verl_core.interfaces.Environment.run_episodes`): subclassing ``verl_env_kit.MultiTurnEnvironment``
+(:meth:`~verl_core.contracts.Environment.run_episodes`): subclassing ``verl_env_kit.MultiTurnEnvironment``
 gives it one.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import pytest
 
 from verl_core.boundary import check_messages, check_step_result
-from verl_core.interfaces import Environment, EnvironmentConfig
+from verl_core.contracts import Environment, EnvironmentConfig
 
 __all__ = ["EnvironmentConformance"]
 
@@ -74,7 +74,7 @@ class EnvironmentConformance:
             runner = getattr(type(env).run_episodes, "__func__", None)
             assert runner is not None and runner is not Environment.run_episodes.__func__, (
                 f"{type(env).__name__} has no episode runner: subclass verl_env_kit.MultiTurnEnvironment "
-                f"(pip install verl-env-kit) instead of verl_core.interfaces.Environment")
+                f"(pip install verl-env-kit) instead of verl_core.contracts.Environment")
         finally:
             _call(env.close)
 

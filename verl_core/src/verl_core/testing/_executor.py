@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~verl_core.interfaces.Executor` implementations.
+"""Conformance tests for :class:`~verl_core.contracts.Executor` implementations.
 
 Subclass :class:`ExecutorConformance` and provide the fixture ``executor``: a new executor (its groups
 of :attr:`ExecutorConformance.world_size` ranks, or of the size its config sets), shut down by the
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from verl_core.batch import Batch
-from verl_core.interfaces import Executor, Role, WorkerFailedError, WorldInfo, dispatch
+from verl_core.contracts import Executor, Role, WorkerFailedError, WorldInfo, dispatch
 from verl_core.testing._factories import make_batch
 
 __all__ = ["ExecutorConformance", "EchoWorker"]

@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~verl_core.interfaces.RolloutEngine` implementations.
+"""Conformance tests for :class:`~verl_core.contracts.RolloutEngine` implementations.
 
 Subclass :class:`RolloutConformance` and provide three fixtures:
 
@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import pytest
 import torch
 
-from verl_core.interfaces import RolloutEngine, RolloutOutput, SamplingParams
+from verl_core.contracts import RolloutEngine, RolloutOutput, SamplingParams
 
 __all__ = ["RolloutConformance"]
 

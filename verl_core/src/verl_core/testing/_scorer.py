@@ -1,4 +1,4 @@
-"""Conformance tests for :class:`~verl_core.interfaces.RewardScorer` implementations (``reward.scorer``),
+"""Conformance tests for :class:`~verl_core.contracts.RewardScorer` implementations (``reward.scorer``),
 and through a scorer for the reward functions it runs.
 
 Subclass :class:`ScorerConformance` and provide the fixtures:
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from verl_core.boundary import check_scores
-from verl_core.interfaces import RewardScorer
+from verl_core.contracts import RewardScorer
 
 __all__ = ["ScorerConformance"]
 

@@ -1,0 +1,46 @@
+"""Models and datasets built by name (``builtin:<name>``)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+
+__all__ = ["ModelProvider", "DatasetProvider"]
+
+
+class ModelProvider(abc.ABC):
+    """A model verl can build locally by name: ``model.path = "builtin:<name>"``.
+
+    Registered under ``verl.models`` with the name after ``builtin:``; verl builds it with no
+    arguments. ``preset`` holds the settings the model was tuned with, by config section
+    (``{"backend": {"lr": 1e-4}}``); they are layered under the user's config, whose settings win,
+    as a Hugging Face model ships its generation config.
+    """
+
+    preset: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @abc.abstractmethod
+    def model_dir(self) -> str:
+        """The local Hugging Face model directory, built and cached on first use."""
+
+
+class DatasetProvider(abc.ABC):
+    """A dataset verl can build locally by name: ``data.train`` / ``data.val = "builtin:<name>"``.
+
+    Registered under ``verl.datasets`` with the name after ``builtin:``; verl builds it with no
+    arguments. With ``data.train`` a ``builtin:`` dataset and no ``data.val``, validation reads
+    its ``data.val_split`` split.
+
+    ``formats`` lists the row formats (:attr:`Requirements.data`) the provider can build. Training
+    asks for the algorithm's format, and validation for ``"prompts"``; ``rows`` is passed
+    ``format=`` only when it is not ``"prompts"``, so a provider of prompts alone needs no such argument.
+    """
+
+    splits: ClassVar[tuple[str, ...]] = ("train",)
+    formats: ClassVar[tuple[str, ...]] = ("prompts",)
+
+    @abc.abstractmethod
+    def rows(self, *, split: str) -> list[dict[str, Any]]:
+        """The rows of ``split`` in the verl row format (``format=...``: with that format's columns too);
+        ``ValueError`` for a split it lacks."""
