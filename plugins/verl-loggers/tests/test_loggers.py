@@ -1,6 +1,7 @@
 """The sinks are registered from this package; the tensorboard and wandb sinks write what a run emits."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,13 @@ def test_wandb_offline_run_holds_the_scalar_history_and_the_samples_table(tmp_pa
     sink.verl_metrics(step=3, metrics={"reward/mean": 0.75})
     sink.verl_samples(step=3, split="val", samples=SAMPLES)
     sink.verl_run_end(step=3, status="completed", error=None)
+    # finish() returns once wandb's service process has the records; on a busy machine its writer may not have
+    # flushed the last block of the .wandb file yet, so wait for the file (not for a fixed time) before reading.
+    deadline = time.monotonic() + 60
     history, tables = _wandb_history(tmp_path)
+    while len([h for h in history if "reward/mean" in h]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        history, tables = _wandb_history(tmp_path)
     assert [(h["_step"], h["reward/mean"]) for h in history if "reward/mean" in h] == [(1, 0.25), (3, 0.75)]
     assert all("note" not in h for h in history)
     [table] = tables
