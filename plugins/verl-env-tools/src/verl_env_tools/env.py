@@ -1,11 +1,11 @@
-"""``tools`` (``verl.environments``): tool calling with a calculator and a sandboxed Python."""
+"""``tools`` (``verl.environments``): tool calling with a calculator, a sandboxed Python and MCP servers' tools."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_core.interfaces import EnvironmentConfig, StepResult
+from verl_core.contracts import EnvironmentConfig, StepResult
 from verl_env_kit import MultiTurnEnvironment
 
 from verl_env_tools.parsing import ToolCallError, load_parser
@@ -24,6 +24,9 @@ class ToolsConfig(EnvironmentConfig):
         parser: how tool calls are read: ``"hermes"`` or ``"package.module:function"``.
         cpu_s, wall_s, memory_mb, max_output: the Python sandbox's limits per call.
         allow_network: run Python code even where the machine cannot isolate the sandbox's network.
+        mcp_servers: MCP servers whose tools are offered too (:mod:`verl_env_tools.mcp_tools`), each
+            ``{command = "...", args = [...]}`` (stdio; also ``env``, ``cwd``) or ``{url = "..."}``
+            (streamable HTTP; also ``headers``); their calls get ``wall_s`` and ``max_output``.
     """
 
     max_turns: int = 2
@@ -34,6 +37,7 @@ class ToolsConfig(EnvironmentConfig):
     memory_mb: int = 512
     max_output: int = 2000
     allow_network: bool = False
+    mcp_servers: list[dict[str, Any]] = field(default_factory=list)
 
     def validate(self) -> None:
         super().validate()
@@ -41,6 +45,9 @@ class ToolsConfig(EnvironmentConfig):
         if unknown:
             raise ValueError(f"tools: unknown {unknown}; the tools are {sorted(TOOLS)}")
         load_parser(self.parser)
+        from verl_env_tools.mcp_tools import check_server_specs
+
+        check_server_specs(self.mcp_servers)
         if self.cpu_s < 1 or self.wall_s <= 0 or self.memory_mb < 16 or self.max_output < 1:
             raise ValueError("cpu_s/wall_s/memory_mb/max_output: must be positive (memory_mb >= 16)")
         if "python" in self.tools and not self.allow_network:
@@ -56,8 +63,9 @@ class ToolsEnvironment(MultiTurnEnvironment):
     messages) or is the final answer (the trajectory ends; the reward function scores it).
 
     A call that cannot be parsed, names an unknown tool, or fails (an exception, a timeout, a
-    sandbox limit) is answered with ``error: ...`` so the model can recover, and counted in
-    ``env/tool_errors``; the run goes on.
+    sandbox limit, an MCP server's error) is answered with ``error: ...`` so the model can recover,
+    and counted in ``env/tool_errors``; the run goes on. MCP servers are shared by the process and
+    stopped at its exit (:func:`verl_env_tools.mcp_tools.close_servers`), not by :meth:`close`.
     """
 
     Config = ToolsConfig
@@ -69,7 +77,20 @@ class ToolsEnvironment(MultiTurnEnvironment):
     def __init__(self, config: ToolsConfig | None = None) -> None:
         super().__init__(config)
         self._parse = load_parser(self.config.parser)
-        self._tools = {name: TOOLS[name] for name in self.config.tools}
+        self._builtin = {name: TOOLS[name] for name in self.config.tools}
+        self._all: dict[str, Any] | None = None
+
+    @property
+    def _tools(self) -> dict[str, Any]:
+        """The built-in tools, then the MCP servers' (started on first use, shared by the process)."""
+        if self._all is None:
+            mcp = {}
+            if self.config.mcp_servers:
+                from verl_env_tools.mcp_tools import server_tools
+
+                mcp = server_tools(self.config.mcp_servers, taken=set(self._builtin))
+            self._all = {**self._builtin, **mcp}
+        return self._all
 
     def tools(self) -> list[dict[str, Any]] | None:
         return [t.schema() for t in self._tools.values()] or None
