@@ -471,7 +471,7 @@ def test_a_dpo_run_saved_before_core_v2_still_resolves_for_resume(tmp_path):
     """Old runs wrote every PPO knob into config.toml, whatever the algorithm; DPO takes none now."""
     from verl_core.config import ConfigError, apply_overrides, resolve_config
     from verl_core.registry import PluginRegistry
-    from verl_core.trainer import _without_v1_algorithm_keys
+    from verl_core.assembly import _without_v1_algorithm_keys
 
     registry = PluginRegistry()
     saved = {"algorithm": {"name": "dpo", "beta": 0.2, "clip_ratio_low": 0.2, "kl_coef": 0.0,

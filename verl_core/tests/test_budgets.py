@@ -42,7 +42,10 @@ REPO = CORE.parents[2]
 #: 8,814, raised on purpose: the contracts left interfaces.py for one module per plugin kind in
 #: verl_core.contracts (+115 lines: each module's docstring and imports), and verl_core.kit re-exports
 #: the shared helpers plugins may use (+53), so that code outside the core imports 6 modules, not 19.
-CORE_LINE_BUDGET = 8_814
+#: 8,859: the Trainer split to its 300-line limit and data.render_rows to 80 (OVER_SIZE is empty): +45 for
+#: the signatures and docstrings of the functions they became (assembly.open_model, load_prompts,
+#: make_backend; run_state.saved_config, restart, at_step; samples.step_report; data._fitted_rows).
+CORE_LINE_BUDGET = 8_859
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the
@@ -64,10 +67,7 @@ MAX_FUNCTION_LINES = 80
 #: What is over those limits today, at its size today (``file:Qualified.name``). This list only shrinks;
 #: issue #29's target is an empty one. A new entry fails the test, and so does a listed one that grows; so
 #: does one no longer over its limit, or gone, so that the list stays current: delete its line here.
-OVER_SIZE = {
-    "data.py:render_rows": 94,
-    "trainer.py:Trainer": 390,
-}
+OVER_SIZE: dict[str, int] = {}  # was Trainer 390 and data.render_rows 94 when the check came in
 
 
 def core_lines() -> int:

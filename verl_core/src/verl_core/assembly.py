@@ -14,15 +14,17 @@ from typing import Any
 
 from verl_core.boundary import Boundary, plugin_label
 from verl_core.config import Config, ConfigError, config_to_dict, resolve_config
-from verl_core.data import HUB_ID, build_datasets, check_data_source
+from verl_core.data import HUB_ID, PromptSampler, build_datasets, check_data_source
 from verl_core.contracts import ModelSpec, Role
 from verl_core.multimodal import load_processor
+from verl_core.progress import Progress
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal
-from verl_core.run_model import stand_in
+from verl_core.rundir import open_run_dir
+from verl_core.run_model import check_same_model, stand_in, write_run_models
 
 __all__ = ["resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "with_objects",
-           "load_tokenizer", "pad_with_eos", "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
+           "open_model", "load_prompts", "make_backend", "load_tokenizer", "pad_with_eos", "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
            "reusable_old_log_probs", "start_reward_model", "load_data"]
 
 
@@ -131,6 +133,53 @@ def pad_with_eos(tokenizer: Any, path: str) -> str | None:
     tokenizer.pad_token = tokenizer.eos_token
     return (f"the tokenizer at {path!r} has no pad token; padding with its eos token {tokenizer.eos_token!r} "
             f"(padded positions are masked out, so this changes nothing learned)")
+
+
+def open_model(t: Any) -> tuple[str, str]:
+    """The model and tokenizer paths of trainer ``t`` (a run directory's own copies stand in for missing ones),
+    checked; its tokenizer loaded; on the controller, the run directory claimed (a resume with another model
+    stops here, from metadata) and the run's model copies written."""
+    cfg = t.config
+    model_path = (stand_in(t.run_dir, "model.path", resolve_model_path(cfg.model.path, t.registry))
+                  if t._model_obj is None else (cfg.model.path or ""))
+    tok_path = stand_in(t.run_dir, "model.tokenizer", cfg.model.tokenizer) or model_path
+    check_sources(t, model_path, tok_path)
+    padded = pad_with_eos(t.tokenizer, tok_path) if t.tokenizer is not None else None
+    if t.tokenizer is None:
+        t.tokenizer, padded = load_tokenizer(cfg, tok_path)
+    if padded:
+        logging.getLogger(__name__).warning("%s", padded)
+    if t.registry.load("executor", cfg.executor.name).is_controller(cfg.executor.config):
+        check_same_model(t.run_dir, cfg.run.resume, path=model_path, module=t._model_obj, tokenizer=t.tokenizer)
+        t.run_lock = open_run_dir(cfg, t.registry)  # one run per directory, a resume only of what it holds
+        write_run_models(t.run_dir, cfg.model, model=t._model_obj, tokenizer=t.tokenizer,
+                         critic=t._critic_obj)  # once: resume and export need no model directory
+    return model_path, tok_path
+
+
+def load_prompts(t: Any, needs: Any) -> None:
+    """Trainer ``t``'s training and validation rows, its prompt sampler, its number of steps (``run.max_steps``,
+    or ``run.epochs`` passes over the prompts, a short last batch dropped) and its scorer, which resolves every
+    data_source's reward now: a missing one fails before any model loads."""
+    cfg = t.config
+    with Progress("data preparation", total=2, unit="splits") as bar:  # tokenizing can take a while
+        t.train_rows, t.val_rows = load_data(t, needs.data)
+        bar.update(2, train_prompts=len(t.train_rows), val_prompts=len(t.val_rows))
+    t.sampler = PromptSampler(len(t.train_rows), cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+    t.max_steps = (cfg.run.epochs * (len(t.train_rows) // cfg.data.batch_size) if cfg.run.epochs
+                   else cfg.run.max_steps)
+    t.reward = t.registry.load("scorer", cfg.reward.name)(
+        config=cfg.reward.config, registry=t.registry, tokenizer=t.tokenizer,
+        data_sources={r["data_source"] for r in (*t.train_rows, *t.val_rows)})
+
+
+def make_backend(t: Any) -> Any:
+    """The training backend of trainer ``t``; a cosine schedule's length follows the run's steps (on a copy of
+    the settings, so the saved config still says "follow max_steps")."""
+    config = t.config.backend.config
+    if not config.total_training_steps:
+        config = dataclasses.replace(config, total_training_steps=t.max_steps)
+    return t.registry.load("backend", t.config.backend.name)(config)
 
 
 def check_sources(t: Any, model_path: str, tok_path: str) -> None:

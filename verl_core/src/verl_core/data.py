@@ -341,6 +341,27 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
         usable.append(row)
     # Chat templates write the special tokens themselves; raw text gets the tokenizer's own (e.g. BOS).
     encoded = tokenizer(texts, add_special_tokens=not use_template)["input_ids"] if texts else []
+    out = _fitted_rows(usable, texts, all_messages, encoded, with_images, tokenizer, stats,
+                       max_prompt_length=max_prompt_length, overlong=overlong, answer_key=answer_key,
+                       data_source=data_source, source=source, max_bad_rows=max_bad_rows)
+    stats.kept = len(out)
+    if not stats.rows:
+        what = "the file has no rows" if Path(source).expanduser().is_file() else "it has no rows"
+        raise DataError(f"{source}: {what}; it needs one row per prompt, e.g. a jsonl line "
+                        f"{{\"{prompt_key}\": \"What is 2+3?\", \"{answer_key}\": \"5\"}}")
+    if not out:
+        raise DataError(f"{source}: no usable prompts ({stats.dropped} of {stats.rows} longer than "
+                        f"data.max_prompt_length={max_prompt_length}, {stats.bad} bad; raise it or set "
+                        f"data.overlong='truncate_left')")
+    return out, stats
+
+
+def _fitted_rows(usable: list[dict[str, Any]], texts: list[str], all_messages: list[Any], encoded: list[Any],
+                 with_images: dict[int, Any], tokenizer: Any, stats: PromptStats, *, max_prompt_length: int,
+                 overlong: str, answer_key: str, data_source: str, source: str, max_bad_rows: int,
+                 ) -> list[dict[str, Any]]:
+    """The rendered rows in the verl row format, each prompt fitted to ``max_prompt_length`` as ``overlong``
+    says (dropped, cut or a bad row), counted in ``stats``."""
     out: list[dict[str, Any]] = []
     for i, (row, text, messages, ids) in enumerate(zip(usable, texts, all_messages, encoded)):
         ids = with_images.get(i) or list(ids)
@@ -366,16 +387,7 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
                     "data_source": row.get("data_source") or data_source or "default",
                     "extra_info": row.get("extra_info") or {},
                     "raw": row})  # everything else the row carries (preference pairs, images, tools, ...)
-    stats.kept = len(out)
-    if not stats.rows:
-        what = "the file has no rows" if Path(source).expanduser().is_file() else "it has no rows"
-        raise DataError(f"{source}: {what}; it needs one row per prompt, e.g. a jsonl line "
-                        f"{{\"{prompt_key}\": \"What is 2+3?\", \"{answer_key}\": \"5\"}}")
-    if not out:
-        raise DataError(f"{source}: no usable prompts ({stats.dropped} of {stats.rows} longer than "
-                        f"data.max_prompt_length={max_prompt_length}, {stats.bad} bad; raise it or set "
-                        f"data.overlong='truncate_left')")
-    return out, stats
+    return out
 
 
 def _images_of(row: dict[str, Any], index: int, messages: list[dict[str, Any]], *, processor: Any, image_key: str,

@@ -5,14 +5,35 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+import torch
+
+from verl_core.assembly import _without_v1_algorithm_keys
 from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
-from verl_core.config import config_to_dict, dump_toml
+from verl_core.config import Config, apply_overrides, config_to_dict, dump_toml, load_raw_config, resolve_config
+from verl_core.contracts import WorkerFailedError
+from verl_core.data import PromptSampler
+from verl_core.run_model import copy_overrides
 from verl_core.rollout_utils import sync_rollout_weights
 
-__all__ = ["resume", "save", "save_due"]
+__all__ = ["saved_config", "resume", "save", "save_due", "restart", "at_step"]
+
+
+def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, given: set[str]) -> Config:
+    """The config of the run a checkpoint (or run directory) belongs to, set to resume from it: its saved
+    config.toml, the run's own model copies for the ``model.*`` keys not ``given`` as objects, ``overrides``."""
+    ckpt = CheckpointManager.resolve(path)
+    run_dir = ckpt.parent.parent
+    config_file = run_dir / "config.toml"
+    if not config_file.is_file():
+        raise CheckpointError(f"{run_dir} has no config.toml next to its checkpoints")
+    saved = _without_v1_algorithm_keys(load_raw_config(config_file), registry)
+    overrides = [*copy_overrides(run_dir, saved.get("model", {}), given=given),
+                 f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}", *overrides]
+    return resolve_config(apply_overrides(saved, overrides), registry)
 
 
 def resume(t: Any, mode: str) -> None:
@@ -79,3 +100,48 @@ def save_due(t: Any, *, final: bool) -> None:
         t.failed_saves += 1
         logging.getLogger(__name__).warning("%s; going on without it (run.on_checkpoint_error=\"continue\")", exc)
         t.hooks.hook.verl_metrics(step=t.step, metrics={"checkpoint/failed_saves": float(t.failed_saves)})
+
+
+def restart(t: Any, failure: WorkerFailedError) -> None:
+    """Replace every worker group of trainer ``t`` and resume from the run's last checkpoint (or from the start).
+
+    The dead worker's step is abandoned whole, so no step trains on part of a batch; the steps
+    since the checkpoint run again as they did (seeded), and the hooks hear
+    ``verl_run_rewound`` so that their metrics are reported once.
+
+    Raises:
+        WorkerFailedError: ``failure``, with the number of restarts, once ``run.max_restarts`` are used up.
+    """
+    cfg = t.config
+    limit = cfg.run.max_restarts
+    if t.restarts >= limit:
+        tried = (f" (after {t.restarts} restart(s) of the worker groups; run.max_restarts={limit})" if limit
+                 else " (set run.max_restarts to restart the worker groups from the last checkpoint)")
+        raise WorkerFailedError(f"{failure}{tried}", role=failure.role, rank=failure.rank,
+                                cause=failure.cause) from failure
+    t.restarts += 1
+    back = t._checkpoint
+    logging.getLogger(__name__).warning(
+        "%s; restarting the worker groups (restart %d of %d) and resuming from %s", failure, t.restarts, limit,
+        back[1] if back else "the start (no checkpoint yet)")
+    t._close_source()
+    t.executor.shutdown()
+    if back is None:
+        t.step = 0
+        t.sampler = PromptSampler(len(t.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
+                                     shuffle=cfg.data.shuffle)
+        random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+    t._start_workers(str(back[1]) if back else "never")
+    t.source.start()
+    t.hooks.hook.verl_run_rewound(step=t.step, reason=str(failure))
+
+
+def at_step(exc: FloatingPointError, step: int) -> FloatingPointError:
+    """``exc`` (a non-finite loss, say) again, naming RL step ``step``: the backend knows its optimizer step,
+    the user counts RL steps. Same type where it can be, so callers catching it still do."""
+    message = f"at RL step {step}: {exc}"
+    try:
+        return type(exc)(message)
+    except Exception:  # a subclass with another constructor
+        return FloatingPointError(message)

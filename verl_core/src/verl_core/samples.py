@@ -13,7 +13,7 @@ import torch
 
 from verl_core.batch import Batch
 
-__all__ = ["SAMPLE_FIELDS", "sample_records", "batch_samples", "spread", "flat_group_fraction"]
+__all__ = ["SAMPLE_FIELDS", "sample_records", "batch_samples", "spread", "flat_group_fraction", "step_report"]
 
 #: Every record's keys, in the order tables show them (``transcript`` only with an environment).
 SAMPLE_FIELDS = ("step", "split", "index", "group", "data_source", "prompt", "response", "ground_truth", "reward",
@@ -98,3 +98,23 @@ def flat_group_fraction(batch: Batch) -> float | None:
         total += 1
         flat += int(bool((scores == scores[0]).all()))
     return flat / total
+
+
+def step_report(t: Any, ctx: Any, *, epoch: float, seconds: float) -> dict[str, float]:
+    """The metrics of the step trainer ``t`` just ran in ``ctx`` (the dataflow's, the algorithm's own, flat
+    groups, throughput, memory), after handing ``run.train_samples`` of its samples to the hooks."""
+    b, m = ctx.batch, dict(ctx.metrics)
+    flat = flat_group_fraction(b)
+    if flat is not None:
+        m["reward/flat_group_frac"] = flat  # groups whose samples all scored the same (health check)
+    if t.config.run.train_samples:
+        t.hooks.hook.verl_samples(step=ctx.step, split="train", samples=batch_samples(
+            b, t.tokenizer, step=ctx.step, limit=t.config.run.train_samples))
+    m.update(t.algorithm.step_metrics(b, m))  # its KL figures, say
+    tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
+    m.update({"epoch": float(epoch), "timing/step": seconds,
+              "throughput/samples_per_sec": len(ctx.prompts) * ctx.sampling.n / seconds,
+              "throughput/tokens_per_sec": tokens / seconds})
+    if "memory/actor_peak_gb" not in m:  # backends may report it with the update (one call fewer)
+        m["memory/actor_peak_gb"] = float(t.actor.peak_memory_gb())
+    return m

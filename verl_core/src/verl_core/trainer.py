@@ -7,10 +7,7 @@ hooks, validates and checkpoints. ``verl run`` is a thin layer over this class.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import logging
 import os
 import random
 import time
@@ -19,25 +16,22 @@ from typing import Any, Sequence
 
 import torch
 
-from verl_core.assembly import (OBJECT_PREFIX, _create_worker, _without_v1_algorithm_keys, check_model_source,
-                                check_sources, check_step_source, critic_spec, load_data, make_boundary,
-                                load_tokenizer, object_source, pad_with_eos, resolve_model_path, reusable_old_log_probs,
-                                start_reward_model, with_objects)
-from verl_core.checkpoint import CheckpointError, CheckpointManager
+from verl_core import run_state
+from verl_core.assembly import (OBJECT_PREFIX, _create_worker, check_model_source, check_step_source, critic_spec,
+                                load_prompts, make_backend, make_boundary, object_source, open_model,
+                                resolve_model_path, reusable_old_log_probs, start_reward_model, with_objects)
+from verl_core.checkpoint import CheckpointManager
 from verl_core.config import Config, apply_overrides, load_raw_config, resolve_config
-from verl_core.contracts import StepSource
+from verl_core.contracts import ModelSpec, Role, StepSource, WorkerFailedError
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
-from verl_core.data import PromptSampler
-from verl_core.hooks import build_plugin_manager
 from verl_core.health import HealthMonitor
-from verl_core.progress import Progress
-from verl_core.contracts import ModelSpec, RewardScorer, Role, WorkerFailedError
+from verl_core.hooks import build_plugin_manager
 from verl_core.registry import PluginRegistry
 from verl_core.rollout_utils import check_weight_sync, guard_limit
-from verl_core.rundir import RunLock, open_run_dir
-from verl_core.run_model import check_same_model, copied_keys, copy_overrides, stand_in, write_run_models
-from verl_core import run_state
-from verl_core.samples import batch_samples, flat_group_fraction
+from verl_core.rundir import RunLock
+from verl_core.run_model import copied_keys
+from verl_core.run_state import at_step
+from verl_core.samples import step_report
 from verl_core.signals import Preempted, StopSignals
 from verl_core.validation import validate
 
@@ -106,19 +100,10 @@ class Trainer:
         them, so the original model directory (or object) is not needed; ``model=``, ``tokenizer=`` and
         ``critic_model=`` objects, and ``model.*`` overrides, take their place.
         """
-        ckpt = CheckpointManager.resolve(path)
-        run_dir = ckpt.parent.parent
-        config_file = run_dir / "config.toml"
-        if not config_file.is_file():
-            raise CheckpointError(f"{run_dir} has no config.toml next to its checkpoints")
         registry = registry or PluginRegistry()
-        saved = _without_v1_algorithm_keys(load_raw_config(config_file), registry)
         given = {key for key, argument in (("path", "model"), ("tokenizer", "tokenizer"),
                                            ("critic_path", "critic_model")) if kwargs.get(argument) is not None}
-        overrides = [*copy_overrides(run_dir, saved.get("model", {}), given=given),
-                     f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}", *overrides]
-        raw = apply_overrides(saved, overrides)
-        return cls(resolve_config(raw, registry), registry=registry, **kwargs)
+        return cls(run_state.saved_config(path, overrides, registry, given=given), registry=registry, **kwargs)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -131,22 +116,7 @@ class Trainer:
         torch.set_num_threads(self._source_cls.torch_threads(cfg.trainer.config, threads))
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        model_path = (stand_in(self.run_dir, "model.path", resolve_model_path(cfg.model.path, self.registry))
-                      if self._model_obj is None else (cfg.model.path or ""))
-        tok_path = stand_in(self.run_dir, "model.tokenizer", cfg.model.tokenizer) or model_path
-        check_sources(self, model_path, tok_path)
-        padded = pad_with_eos(self.tokenizer, tok_path) if self.tokenizer is not None else None
-        if self.tokenizer is None:
-            self.tokenizer, padded = load_tokenizer(cfg, tok_path)
-        if padded:
-            logging.getLogger(__name__).warning("%s", padded)
-        if self.registry.load("executor", cfg.executor.name).is_controller(cfg.executor.config):
-            # A resume with another model than the directory recorded stops here, from metadata, before weights load.
-            check_same_model(self.run_dir, cfg.run.resume, path=model_path, module=self._model_obj,
-                             tokenizer=self.tokenizer)
-            self.run_lock = open_run_dir(cfg, self.registry)  # one run per directory, a resume only of what it holds
-            write_run_models(self.run_dir, cfg.model, model=self._model_obj, tokenizer=self.tokenizer,
-                             critic=self._critic_obj)  # once: resume and export need no model directory
+        model_path, tok_path = open_model(self)  # the tokenizer, and the run directory (locked) on the controller
         # Mixed precision or a 16-bit engine on float32 weights differ like 16-bit weights do.
         self.max_log_prob_gap = guard_limit(cfg.rollout.config.max_log_prob_gap, [
             cfg.model.dtype, cfg.backend.config.compute_dtype(cfg.model.dtype),
@@ -162,24 +132,8 @@ class Trainer:
         self.make_environment = (functools.partial(self.registry.load("environment", env.name), env.config)
                                  if env.name else None)
         self.critic_spec = critic_spec(self, needs.critic)
-        with Progress("data preparation", total=2, unit="splits") as bar:  # tokenizing can take a while
-            self.train_rows, self.val_rows = load_data(self, needs.data)
-            bar.update(2, train_prompts=len(self.train_rows), val_prompts=len(self.val_rows))
-        self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
-                                     shuffle=cfg.data.shuffle)
-        #: Steps in total: run.max_steps, or run.epochs passes over the prompts (a short last batch is dropped).
-        self.max_steps = (cfg.run.epochs * (len(self.train_rows) // cfg.data.batch_size) if cfg.run.epochs
-                          else cfg.run.max_steps)
-        # Every data_source's reward is resolved now: a missing one fails before any model loads.
-        self.reward: RewardScorer = self.registry.load("scorer", cfg.reward.name)(
-            config=cfg.reward.config, registry=self.registry, tokenizer=self.tokenizer,
-            data_sources={r["data_source"] for r in (*self.train_rows, *self.val_rows)})
-
-        backend_config = cfg.backend.config
-        if not backend_config.total_training_steps:
-            # The length of a cosine schedule; a copy, so the saved config still says "follow max_steps".
-            backend_config = dataclasses.replace(backend_config, total_training_steps=self.max_steps)
-        self._backend = self.registry.load("backend", cfg.backend.name)(backend_config)
+        load_prompts(self, needs)  # train/val rows, the sampler, max_steps and the scorer of every data_source
+        self._backend = make_backend(self)
         builder = DataflowBuilder()
         self.algorithm.build_dataflow(builder)
         self.dataflow: Dataflow = builder.build()
@@ -297,15 +251,8 @@ class Trainer:
         hook.verl_step_start(step=self.step)
         try:
             metrics = self.run_step()
-        except FloatingPointError as exc:
-            # The backend knows its optimizer step; the user counts RL steps. No checkpoint
-            # of this step is written: the loop ends here.
-            message = f"at RL step {self.step}: {exc}"
-            try:
-                again = type(exc)(message)  # same type, so callers catching it still do
-            except Exception:  # a subclass with another constructor
-                again = FloatingPointError(message)
-            raise again from exc
+        except FloatingPointError as exc:  # no checkpoint of this step is written: the loop ends here
+            raise at_step(exc, self.step) from exc
         if self.restarts:
             metrics["run/restarts"] = float(self.restarts)
         hook.verl_step_end(step=self.step, metrics=metrics)
@@ -334,38 +281,8 @@ class Trainer:
         return Preempted(signum, self.step, self._checkpoint[1] if self._checkpoint else None)
 
     def _restart_workers(self, failure: WorkerFailedError) -> None:
-        """Replace every worker group and resume from the run's last checkpoint (or from the start).
-
-        The dead worker's step is abandoned whole, so no step trains on part of a batch; the steps
-        since the checkpoint run again as they did (seeded), and the hooks hear
-        ``verl_run_rewound`` so that their metrics are reported once.
-
-        Raises:
-            WorkerFailedError: ``failure``, with the number of restarts, once ``run.max_restarts`` are used up.
-        """
-        cfg = self.config
-        limit = cfg.run.max_restarts
-        if self.restarts >= limit:
-            tried = (f" (after {self.restarts} restart(s) of the worker groups; run.max_restarts={limit})" if limit
-                     else " (set run.max_restarts to restart the worker groups from the last checkpoint)")
-            raise WorkerFailedError(f"{failure}{tried}", role=failure.role, rank=failure.rank,
-                                    cause=failure.cause) from failure
-        self.restarts += 1
-        back = self._checkpoint
-        logging.getLogger(__name__).warning(
-            "%s; restarting the worker groups (restart %d of %d) and resuming from %s", failure, self.restarts, limit,
-            back[1] if back else "the start (no checkpoint yet)")
-        self._close_source()
-        self.executor.shutdown()
-        if back is None:
-            self.step = 0
-            self.sampler = PromptSampler(len(self.train_rows), cfg.data.batch_size, seed=cfg.run.seed,
-                                         shuffle=cfg.data.shuffle)
-            random.seed(cfg.run.seed)
-            torch.manual_seed(cfg.run.seed)
-        self._start_workers(str(back[1]) if back else "never")
-        self.source.start()
-        self.hooks.hook.verl_run_rewound(step=self.step, reason=str(failure))
+        """Replace every worker group and go back to the last checkpoint (:func:`~verl_core.run_state.restart`)."""
+        run_state.restart(self, failure)
 
     def run_step(self) -> dict[str, float]:
         """One RL step: the source's prompts (or batch), the algorithm's dataflow, the weights handed on."""
@@ -385,27 +302,8 @@ class Trainer:
         synced = time.perf_counter()
         self.source.after_update(self.step)
         ctx.metrics["timing/sync_weights"] = time.perf_counter() - synced
-        elapsed = time.perf_counter() - start
-        b = ctx.batch
-        m = dict(ctx.metrics)
-        flat = flat_group_fraction(b)
-        if flat is not None:
-            m["reward/flat_group_frac"] = flat  # groups whose samples all scored the same (health check)
-        if self.config.run.train_samples:
-            self.hooks.hook.verl_samples(step=self.step, split="train", samples=batch_samples(
-                b, self.tokenizer, step=self.step, limit=self.config.run.train_samples))
-        m.update(self.algorithm.step_metrics(b, m))  # its KL figures, say
-        tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
-        n_samples = len(sourced.prompts) * ctx.sampling.n
-        m.update({
-            "epoch": float(self.sampler.epoch if sourced.epoch is None else sourced.epoch),
-            "timing/step": elapsed,
-            "throughput/samples_per_sec": n_samples / elapsed,
-            "throughput/tokens_per_sec": tokens / elapsed,
-        })
-        if "memory/actor_peak_gb" not in m:  # backends may report it with the update (one call fewer)
-            m["memory/actor_peak_gb"] = float(self.actor.peak_memory_gb())
-        return m
+        return step_report(self, ctx, epoch=self.sampler.epoch if sourced.epoch is None else sourced.epoch,
+                           seconds=time.perf_counter() - start)
 
     def step_context(self, step: int, prompts: list[dict[str, Any]], **fields: Any) -> StepContext:
         """The context the dataflow of step ``step`` runs with (``fields`` replace the run's own parts:
