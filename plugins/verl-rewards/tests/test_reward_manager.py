@@ -1,7 +1,6 @@
 """The reward manager: routing by data_source, custom rewards, weighted components, errors and time limits."""
 
 import textwrap
-import time
 
 import pytest
 
