@@ -45,7 +45,9 @@ REPO = CORE.parents[2]
 #: 8,859: the Trainer split to its 300-line limit and data.render_rows to 80 (OVER_SIZE is empty): +45 for
 #: the signatures and docstrings of the functions they became (assembly.open_model, load_prompts,
 #: make_backend; run_state.saved_config, restart, at_step; samples.step_report; data._fitted_rows).
-CORE_LINE_BUDGET = 8_859
+#: 8,886: TrainingBackend.roles, the roles a backend builds workers for, checked at assembly (and by the dry
+#: run) instead of a NotImplementedError mid-run (+27: the check and its message).
+CORE_LINE_BUDGET = 8_886
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

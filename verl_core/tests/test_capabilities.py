@@ -216,3 +216,23 @@ def test_greedy_baseline_scores_each_prompts_greedy_answer(engine_and_rows):
     expected = [1.0 if t.strip() == rows[i]["ground_truth"] else 0.0 for i, t in enumerate(texts)]
     assert baseline.tolist() == [s for s in expected for _ in range(2)]
     assert ctx.metrics["baseline/greedy_reward_mean"] == pytest.approx(sum(expected) / 3)
+
+
+def test_a_backend_without_a_role_the_run_needs_is_refused_before_any_model_loads():
+    """Megatron builds no reward-model worker: a run with reward.reward_model on it stops at assembly, naming
+    the backend, the role and what needs it; FSDP builds every role."""
+    from verl_core.assembly import check_roles
+    from verl_core.config import ConfigError
+    from verl_core.contracts import Requirements, Role
+    from verl_core.registry import PluginRegistry
+
+    registry = PluginRegistry()
+    fsdp = registry.load("backend", "fsdp")
+    check_roles(fsdp, "fsdp", Requirements(critic=True, reference=True), "/models/rm")  # every role: no error
+    megatron = registry.load("backend", "megatron")  # the class only: megatron-core is imported by its workers
+    assert Role.REWARD_MODEL not in megatron.roles
+    check_roles(megatron, "megatron", Requirements(critic=True, reference=True), None)
+    with pytest.raises(ConfigError, match=r"backend 'megatron' builds no reward_model worker, which "
+                                          r"reward.reward_model needs .*backend.name='fsdp'") as info:
+        check_roles(megatron, "megatron", Requirements(), "/models/rm")
+    assert info.value.path == "backend.name"

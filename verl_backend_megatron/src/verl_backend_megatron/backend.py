@@ -183,6 +183,9 @@ class MegatronBackend(TrainingBackend):
         """The layout against the model's ``config.json`` and the group size, before any worker starts."""
         self.config.check_layout(_architecture(model), world_size, source=f"model {model.path!r}")
 
+    #: No reward-model role: its workers have no score head (reward.reward_model needs backend fsdp).
+    roles = frozenset({Role.ACTOR, Role.CRITIC, Role.REFERENCE})
+
     def create_worker(self, *, role: Role, model: ModelSpec, world: WorldInfo, seed: int) -> TrainingWorker:
         return MegatronWorker(config=self.config, role=Role(role), model=model, world=world, seed=seed)
 

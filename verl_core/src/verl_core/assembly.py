@@ -24,7 +24,7 @@ from verl_core.rundir import open_run_dir
 from verl_core.run_model import check_same_model, stand_in, write_run_models
 
 __all__ = ["resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "with_objects",
-           "open_model", "load_prompts", "make_backend", "load_tokenizer", "pad_with_eos", "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
+           "open_model", "load_prompts", "make_backend", "check_roles", "load_tokenizer", "pad_with_eos", "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
            "reusable_old_log_probs", "start_reward_model", "load_data"]
 
 
@@ -179,7 +179,24 @@ def make_backend(t: Any) -> Any:
     config = t.config.backend.config
     if not config.total_training_steps:
         config = dataclasses.replace(config, total_training_steps=t.max_steps)
-    return t.registry.load("backend", t.config.backend.name)(config)
+    backend = t.registry.load("backend", t.config.backend.name)
+    check_roles(backend, t.config.backend.name, t.algorithm.requirements(), t.reward.reward_model_path())
+    return backend(config)
+
+
+def check_roles(backend: Any, name: str, needs: Any, reward_model: str | None) -> None:
+    """Refuse a backend that builds no worker for a role the run needs (:class:`ConfigError` on ``backend.name``):
+    the actor always, the critic and the reference as the algorithm ``needs``, the reward model for a scorer
+    with one."""
+    needed = {Role.ACTOR: "the policy", Role.CRITIC: "the algorithm" if needs.critic else "",
+              Role.REFERENCE: "the algorithm's KL term" if needs.reference else "",
+              Role.REWARD_MODEL: "reward.reward_model" if reward_model else ""}
+    missing = [(role, why) for role, why in needed.items() if why and role not in backend.roles]
+    if missing:
+        role, why = missing[0]
+        builds = ", ".join(sorted(r.value for r in backend.roles))
+        raise ConfigError("backend.name", f"backend {name!r} builds no {role.value} worker, which {why} needs (it "
+                                          f"builds: {builds}); use a backend that does, e.g. backend.name='fsdp'")
 
 
 def check_sources(t: Any, model_path: str, tok_path: str) -> None:

@@ -169,8 +169,8 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     from verl_core.contracts import ModelSpec
     from verl_core.registry import BUILTIN_PREFIX
     from verl_core.rundir import check_output_dir
-    from verl_core.assembly import (check_sources, check_step_source, critic_spec, load_data, load_tokenizer,
-                                    make_boundary, resolve_model_path, reusable_old_log_probs)
+    from verl_core.assembly import (check_roles, check_sources, check_step_source, critic_spec, load_data,
+                                    load_tokenizer, make_boundary, resolve_model_path, reusable_old_log_probs)
     from verl_core.assembly import model_config as read_model_config
     from verl_core.trainer import Trainer
 
@@ -208,11 +208,14 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     reward = registry.load("scorer", cfg.reward.name)(
         config=cfg.reward.config, registry=registry, tokenizer=tokenizer,
         data_sources={r["data_source"] for r in (*train_rows, *val_rows)})
+    reward_model = reward.reward_model_path()
     reward.close()
     backend_config = cfg.backend.config
     if not backend_config.total_training_steps:
         backend_config = dataclasses.replace(backend_config, total_training_steps=max_steps)
-    backend = registry.load("backend", cfg.backend.name)(backend_config)
+    backend_cls = registry.load("backend", cfg.backend.name)
+    check_roles(backend_cls, cfg.backend.name, needs, reward_model)
+    backend = backend_cls(backend_config)
     builder = DataflowBuilder()
     algorithm.build_dataflow(builder)
     trainer.dataflow = builder.build()

@@ -8,14 +8,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol, Sequence
 
-from verl_core.contracts.common import dispatch
+from verl_core.contracts.common import Role, dispatch
 
 # Annotations only: importing the contracts loads no torch (reward worker processes read RewardInput).
 if TYPE_CHECKING:
     import torch
     from verl_core.batch import Batch
     from verl_core.contracts.algorithm import Algorithm
-    from verl_core.contracts.common import ModelSpec, Role, WorldInfo
+    from verl_core.contracts.common import ModelSpec, WorldInfo
 
 __all__ = ["LogProbs", "LossFn", "AlgorithmLoss", "rank_mini_batch", "check_sequence_length", "micro_batch_weights",
            "BackendConfig", "LoRAAdapter", "TrainingWorker", "TrainingBackend"]
@@ -271,9 +271,16 @@ class TrainingWorker(abc.ABC):
 
 
 class TrainingBackend(abc.ABC):
-    """A training engine (FSDP, Megatron, ...): builds one worker per role and rank."""
+    """A training engine (FSDP, Megatron, ...): builds one worker per role and rank.
+
+    ``roles`` are the roles it builds workers for, each implementing what that role is asked
+    (:class:`TrainingWorker`: log-probs for every role, the policy update and weights for the actor,
+    values for the critic, scores for the reward model). The trainer refuses a run that needs another
+    role before any model loads, naming the backend and the role.
+    """
 
     Config: ClassVar[type[BackendConfig]] = BackendConfig
+    roles: ClassVar[frozenset[Role]] = frozenset(Role)
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
