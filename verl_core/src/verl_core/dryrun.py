@@ -213,9 +213,8 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     backend_config = cfg.backend.config
     if not backend_config.total_training_steps:
         backend_config = dataclasses.replace(backend_config, total_training_steps=max_steps)
-    backend_cls = registry.load("backend", cfg.backend.name)
-    check_roles(backend_cls, cfg.backend.name, needs, reward_model)
-    backend = backend_cls(backend_config)
+    check_roles(registry.load("backend", cfg.backend.name), cfg.backend.name, needs, reward_model)
+    backend = registry.load("backend", cfg.backend.name)(backend_config)
     builder = DataflowBuilder()
     algorithm.build_dataflow(builder)
     trainer.dataflow = builder.build()
