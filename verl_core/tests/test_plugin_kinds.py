@@ -100,6 +100,57 @@ def test_an_unknown_builtin_lists_the_installed_ones_and_the_package(plugin) -> 
         load_rows("builtin:addition", registry=registry)
 
 
+GENERATED = """
+    from verl_core.contracts import DatasetProvider
+
+    class Counting(DatasetProvider):
+        argument = "a number to count to"
+        splits = ("train", "test")
+        def __init__(self, top, size, val_size):
+            self.top, self.sizes = top, {"train": size, "test": val_size}
+        @classmethod
+        def from_spec(cls, argument, *, size, val_size):
+            if not argument.isdigit():
+                raise ValueError(f"{argument!r} is not a number; write counting:3")
+            return cls(int(argument), size or 2, val_size or 1)
+        def rows(self, *, split):
+            return [{"prompt": f"count to {self.top}", "answer": split}] * self.sizes[split]
+
+    class Plain(DatasetProvider):
+        def rows(self, *, split):
+            return []
+"""
+
+
+def test_a_provider_that_takes_an_argument_serves_name_colon_argument(plugin) -> None:
+    """``data.train = "<name>:<argument>"``: the provider's from_spec gets the argument and data.size /
+    data.val_size; a bad argument, a provider without one and an unknown name fail naming the key."""
+    from verl_core.config import ConfigError, DataConfig, build_dataclass
+    from verl_core.data import DataError, check_data_source, load_rows
+
+    registry = plugin(GENERATED, {"verl.datasets": {"counting": "Counting", "plain": "Plain"}})
+    rows = load_rows("counting:3", size=5, registry=registry)
+    assert len(rows) == 5 and rows[0] == {"prompt": "count to 3", "answer": "train"}
+    assert len(load_rows("counting:3", split="test", registry=registry)) == 1  # the provider's default
+    check_data_source("counting:3", "data.val", registry=registry)
+    with pytest.raises(DataError, match=r"data.val: 'counting:x': 'x' is not a number; write counting:3"):
+        check_data_source("counting:x", "data.val", registry=registry)
+    with pytest.raises(DataError, match=r"data.train: the dataset 'plain' takes no argument; use "
+                                        r"data.train = 'builtin:plain'"):
+        check_data_source("plain:3", "data.train", registry=registry)
+    with pytest.raises(UnknownPluginError, match=r"data.train: 'countin:3' is '<provider>:<argument>' data, .*"
+                                                 r"'countin'.*counting"):
+        check_data_source("countin:3", "data.train", registry=registry)
+    # data.size / data.val_size are for generated data only: accepted and ignored elsewhere is an error.
+    assert build_dataclass(DataConfig, {"train": "counting:3", "size": 5, "val_size": 2}, "data").size == 5
+    for values, key in (({"train": "rows.jsonl", "size": 5}, "data.size"),
+                        ({"train": "builtin:addition", "val_size": 5}, "data.val_size"),
+                        ({"train": "counting:3", "val": "val.jsonl", "val_size": 5}, "data.val_size"),
+                        ({"train": "counting:3", "size": -1}, "data.size")):
+        with pytest.raises(ConfigError, match=f"^{key}: "):
+            build_dataclass(DataConfig, values, "data")
+
+
 COMMANDS = """
     import typer
 

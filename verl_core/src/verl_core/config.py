@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import sys
 import types
 import typing
@@ -167,6 +168,11 @@ class ModelConfig:
             raise ConfigError("dtype", "must be 'float32', 'bfloat16' or 'float16'")
 
 
+#: ``data.train`` / ``data.val`` = ``"<provider>:<argument>"`` (:meth:`~verl_core.contracts.DatasetProvider.from_spec`);
+#: not ``builtin:``, URLs or paths (a local file ``a:b.jsonl`` is written ``./a:b.jsonl``).
+GENERATED_DATA = re.compile(r"^(?!builtin:)([A-Za-z][\w.-]*):(?![/\\])(.+)$")
+
+
 @dataclass
 class DataConfig:
     """Prompts for training and validation.
@@ -195,6 +201,9 @@ class DataConfig:
         image_key: column with each row's images (encoded bytes, ``{"bytes", "path"}`` dicts or file paths),
             placed where the prompt says ``<image>`` or has a ``{"type": "image"}`` part (verl_core.multimodal).
         max_image_pixels: images with more pixels (width x height) are bad rows (see ``max_bad_rows``).
+        size: training rows a generated dataset makes (``train = "<provider>:<argument>"``, a ``verl.datasets``
+            provider that takes an argument, e.g. ``reasoning_gym:chain_sum``; 0: the provider's default).
+        val_size: validation rows a generated dataset makes (``val``, or ``train`` when ``val`` is empty).
     """
 
     train: str = "builtin:addition"
@@ -215,8 +224,16 @@ class DataConfig:
     max_bad_rows: int = 0
     image_key: str = "images"
     max_image_pixels: int = 4096 * 4096
+    size: int = 0
+    val_size: int = 0
 
     def validate(self) -> None:
+        for key, spec, value in (("size", self.train, self.size), ("val_size", self.val or self.train, self.val_size)):
+            if value < 0:
+                raise ConfigError(key, "must be >= 0 rows (0: the generated dataset's own default)")
+            if value and not GENERATED_DATA.match(spec):
+                raise ConfigError(key, f"{spec!r} is not a generated dataset ('<provider>:<argument>', e.g. "
+                                       f"reasoning_gym:chain_sum): no rows are made to this number; remove data.{key}")
         if self.max_image_pixels < 1:
             raise ConfigError("max_image_pixels", "must be at least 1 pixel")
         if self.max_bad_rows < 0:

@@ -34,8 +34,10 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["load_rows", "check_data_source", "tokenize_rows", "render_rows", "build_datasets", "PromptStats",
-           "PromptSampler", "DataError", "OVERLONG_MODES"]
+from verl_core.config import GENERATED_DATA
+
+__all__ = ["load_rows", "check_data_source", "generated_provider", "tokenize_rows", "render_rows", "build_datasets",
+           "PromptStats", "PromptSampler", "DataError", "OVERLONG_MODES"]
 
 logger = logging.getLogger("verl.data")
 
@@ -50,12 +52,14 @@ class DataError(ValueError):
 
 # ----------------------------------------------------------------------------- loading
 def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any = None,
-              format: str = "prompts", bad: list[str] | None = None) -> list[dict[str, Any]]:
-    """Raw rows (plain dicts) from a ``builtin:`` dataset, a file, a dataset directory or a Hub id.
+              format: str = "prompts", bad: list[str] | None = None, size: int = 0,
+              val_size: int = 0) -> list[dict[str, Any]]:
+    """Raw rows (plain dicts) from a ``builtin:`` or generated dataset, a file, a dataset directory or a Hub id.
 
     Args:
         spec: what to load (see the module docstring); ``builtin:<name>`` is built by the
-            ``verl.datasets`` plugin of that name (``builtin:addition``: ``verl-task-arithmetic``).
+            ``verl.datasets`` plugin of that name (``builtin:addition``: ``verl-task-arithmetic``), and
+            ``<name>:<argument>`` by the one that takes an argument (:func:`generated_provider`).
         split: the split to take from sources that hold several (dataset directories, Hub ids,
             ``builtin:`` datasets); a single file is one split already.
         seed: unused; kept for callers that pass it.
@@ -64,15 +68,18 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
             other sources are read as they are.
         bad: where a json/jsonl file's unreadable lines (not UTF-8, not JSON, not an object) are noted
             and skipped; ``None`` raises at the first.
+        size, val_size: rows a generated dataset makes (``data.size`` / ``data.val_size``; 0: its default).
 
     Raises:
         DataError: the source does not exist, has an unsupported type, or lacks the split or the format.
         UnknownPluginError: no ``verl.datasets`` plugin provides the ``builtin:`` name.
     """
+    provider = generated_provider(spec, size=size, val_size=val_size, registry=registry)
     if spec.startswith("builtin:"):
         from verl_core.registry import PluginRegistry, load_builtin
 
         provider = load_builtin(registry or PluginRegistry(), "dataset", spec, key="data")
+    if provider is not None:
         formats = getattr(provider, "formats", ("prompts",))
         if format not in formats:
             raise DataError(f"data.train: the algorithm trains on {format!r} rows, and {spec} builds only "
@@ -99,15 +106,46 @@ def load_rows(spec: str, *, split: str = "train", seed: int = 0, registry: Any =
             ds_logging.enable_progress_bar()
 
 
-def check_data_source(spec: str, key: str = "") -> None:
+def check_data_source(spec: str, key: str = "", registry: Any = None) -> None:
     """Raise :class:`DataError` (naming ``key``) when ``spec`` is a local path that does not exist.
 
-    Cheap, so the trainer calls it before anything loads; ``builtin:`` names and Hub ids pass.
+    Cheap, so the trainer calls it before anything loads; ``builtin:`` names and Hub ids pass, and a
+    generated dataset's argument is checked by its provider (:func:`generated_provider`).
     """
+    if generated_provider(spec, key=key or "data.train", registry=registry):
+        return
     if not spec or spec.startswith("builtin:") or Path(spec).expanduser().exists() or HUB_ID.match(spec):
         return
     raise DataError(f"{key + ': ' if key else ''}data file {spec!r} does not exist (use a parquet/jsonl/json file, "
                     f"a dataset directory, a Hugging Face Hub id, or a builtin: dataset such as builtin:addition)")
+
+
+def generated_provider(spec: str, *, size: int = 0, val_size: int = 0, registry: Any = None,
+                       key: str = "data.train") -> Any:
+    """The :class:`~verl_core.contracts.DatasetProvider` a ``<name>:<argument>`` spec names (``None`` for other
+    specs), built by its ``from_spec``, which checks the argument without making rows.
+
+    Raises:
+        UnknownPluginError: no ``verl.datasets`` provider ``<name>`` is installed (the message lists them).
+        DataError: the provider takes no argument, or refuses this one (naming ``key`` and the fix).
+    """
+    from verl_core.registry import PluginRegistry, UnknownPluginError
+
+    if not (match := GENERATED_DATA.match(spec)):
+        return None
+    name, argument = match.groups()
+    try:
+        cls = (registry or PluginRegistry()).load("dataset", name)
+    except UnknownPluginError as exc:
+        exc.args = (f"{key}: {spec!r} is '<provider>:<argument>' data, and {exc} (a file or a Hub id is written "
+                    f"without a 'name:' in front)",)
+        raise
+    if not getattr(cls, "argument", ""):
+        raise DataError(f"{key}: the dataset {name!r} takes no argument; use {key} = 'builtin:{name}'")
+    try:
+        return cls.from_spec(argument, size=size, val_size=val_size)
+    except ValueError as exc:
+        raise DataError(f"{key}: {spec!r}: {exc}") from exc
 
 
 def _read_file(path: Path, spec: str, bad: list[str] | None = None) -> list[dict[str, Any]]:
@@ -443,15 +481,17 @@ def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format:
                   data_source=config.data_source, max_bad_rows=limit, processor=processor,
                   image_key=config.image_key, max_image_pixels=config.max_image_pixels)
     unreadable: list[str] | None = [] if limit else None
-    train_rows = load_rows(config.train, split=config.train_split, registry=registry, format=format, bad=unreadable)
+    sizes = dict(size=config.size, val_size=config.val_size, registry=registry)
+    train_rows = load_rows(config.train, split=config.train_split, format=format, bad=unreadable, **sizes)
     train, train_stats = render_rows(train_rows, tokenizer, source=config.train, bad=unreadable or (), **common)
     stats = train_stats.metrics("train")
     _report(config, "training", train_stats)
-    val_spec = config.val or (config.train if config.train.startswith("builtin:") else "")
+    generated = config.train.startswith("builtin:") or GENERATED_DATA.match(config.train)
+    val_spec = config.val or (config.train if generated else "")
     val: list[dict[str, Any]] = []
     if val_spec:
         unreadable = [] if limit else None
-        val_rows = load_rows(val_spec, split=config.val_split, registry=registry, bad=unreadable)
+        val_rows = load_rows(val_spec, split=config.val_split, bad=unreadable, **sizes)
         val, val_stats = render_rows(val_rows, tokenizer, source=val_spec, bad=unreadable or (), **common)
         _report(config, "validation", val_stats)
         if config.max_val_samples:

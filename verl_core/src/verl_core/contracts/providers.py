@@ -35,10 +35,25 @@ class DatasetProvider(abc.ABC):
     ``formats`` lists the row formats (:attr:`Requirements.data`) the provider can build. Training
     asks for the algorithm's format, and validation for ``"prompts"``; ``rows`` is passed
     ``format=`` only when it is not ``"prompts"``, so a provider of prompts alone needs no such argument.
+
+    A provider that generates its rows from an argument says what it takes in ``argument`` (e.g.
+    ``"a reasoning-gym task"``) and serves ``data.train = "<name>:<argument>"`` (``reasoning_gym:chain_sum``):
+    verl builds it with :meth:`from_spec` instead, and reads its ``train`` and ``test`` splits.
     """
 
     splits: ClassVar[tuple[str, ...]] = ("train",)
     formats: ClassVar[tuple[str, ...]] = ("prompts",)
+    argument: ClassVar[str] = ""
+
+    @classmethod
+    def from_spec(cls, argument: str, *, size: int, val_size: int) -> DatasetProvider:
+        """The provider of ``<name>:<argument>``, making ``size`` training and ``val_size`` test rows
+        (``data.size`` / ``data.val_size``; 0: its own default), the same rows each time.
+
+        Checks the argument without making rows (``verl config check`` calls it), raising ``ValueError``
+        with the fix for a bad one.
+        """
+        raise NotImplementedError(f"{cls.__qualname__} takes no argument (its argument attribute is empty)")
 
     @abc.abstractmethod
     def rows(self, *, split: str) -> list[dict[str, Any]]:
