@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fnmatch
 import functools
 import importlib.util
 import inspect
@@ -250,7 +251,8 @@ def resolve_data_source(data_source: str, *, registry: Any, aliases: Mapping[str
     """The reward plugin name that scores rows of ``data_source`` (for ``reward.name = "auto"``).
 
     ``aliases`` (``reward.aliases``) first, then a plugin of that name, then a plugin whose
-    ``data_sources`` attribute lists it (case-insensitively). Only the last step imports plugins:
+    ``data_sources`` attribute lists it (case-insensitively; an entry may be a shell pattern such as
+    ``"reasoning_gym/*"``, for sources named after their task). Only the last step imports plugins:
     every installed reward, a broken one skipped with a warning.
 
     Raises:
@@ -263,7 +265,7 @@ def resolve_data_source(data_source: str, *, registry: Any, aliases: Mapping[str
     if data_source in names:
         return data_source
     for name, plugin in sorted(registry.load_all("reward").items()):
-        if data_source.lower() in {str(s).lower() for s in getattr(plugin, "data_sources", ())}:
+        if any(fnmatch.fnmatchcase(data_source.lower(), str(s).lower()) for s in getattr(plugin, "data_sources", ())):
             return name
     raise RewardSpecError(
         "reward.name", f"no reward for data_source {data_source!r} (reward.name='auto' picks one per row). "
