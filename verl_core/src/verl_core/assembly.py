@@ -210,7 +210,7 @@ def check_sources(t: Any, model_path: str, tok_path: str) -> None:
     if t.tokenizer is None and cfg.model.tokenizer:
         check_model_source(tok_path, "model.tokenizer", need_config=False, argument="tokenizer")
     for key, spec in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
-        check_data_source(spec, key)
+        check_data_source(spec, key, t.registry)
 
 
 def critic_spec(t: Any, needed: bool) -> ModelSpec:
