@@ -9,6 +9,7 @@ today; each move of an implementation out of the core lowers them.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import verl_core
@@ -157,3 +158,12 @@ def test_no_class_or_function_of_the_core_grows_past_its_size_limit():
     problems += [f"{name}: no longer over its limit (gone or under it): delete its line from OVER_SIZE"
                  for name in OVER_SIZE if name not in found]
     assert not problems, "\n".join(problems)
+
+
+def test_the_trainer_names_no_trainer_mode_and_no_producer():
+    """Where batches come from is the step source's business (``trainer.mode`` names a plugin): the trainer's
+    code and docs name no mode and no producer (issue #29)."""
+    text = (CORE / "trainer.py").read_text()
+    named = sorted({m.group(0) for m in re.finditer(r"sync_mode|colocate_async|separate_async|is_async|producer",
+                                                    text)})
+    assert not named, f"trainer.py names {named}: that belongs to a step source (verl_core.contracts.StepSource)"

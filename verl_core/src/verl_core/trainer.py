@@ -307,7 +307,7 @@ class Trainer:
 
     def step_context(self, step: int, prompts: list[dict[str, Any]], **fields: Any) -> StepContext:
         """The context the dataflow of step ``step`` runs with (``fields`` replace the run's own parts:
-        a step source's producer passes its engine, and no actor)."""
+        a step source generating on an engine of its own passes that engine, and no actor)."""
         rc = self.config.rollout.config
         parts = dict(algorithm=self.algorithm, actor=self.actor, rollout=self.rollout, reward=self.reward,
                      sampling=rc.sampling(seed=self.config.run.seed * 1_000_003 + step), critic=self.critic,
