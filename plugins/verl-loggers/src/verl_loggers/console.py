@@ -61,9 +61,9 @@ class ConsoleLogger:
         if done > 0 and self._progress is None:
             eta = (time.perf_counter() - self._start) / done * (self._max_steps - step)
             parts.append(f"eta {eta:.0f}s")
-        if self._progress is not None:  # the bar keeps the latest figures in view; updated before the print
-            # so that the redraw that comes with the print shows this step (a fast step can beat the refresh tick)
-            self._progress.update(self._task, completed=step, figures=" | ".join(parts[1:]))
+        if self._progress is not None:  # the bar keeps the latest figures in view, drawn now: after a print rich
+            # redraws what its last refresh rendered, and a step faster than the refresh tick would never show
+            self._progress.update(self._task, completed=step, figures=" | ".join(parts[1:]), refresh=True)
         self._print(" | ".join(parts))
 
     @hookimpl
