@@ -127,13 +127,17 @@ def test_plugins_list_json(run_verl):
     res = run_verl("plugins", "list", "--json")
     assert res.returncode == 0, res.stderr
     rows = {(r["kind"], r["name"]): r for r in json.loads(res.stdout)}
-    assert rows[("algorithm", "grpo")]["distribution"] == "verl-core"
+    assert rows[("step_source", "sync")]["distribution"] == "verl-core"  # the core keeps only the sync source
     assert rows[("backend", "fsdp")]["status"] == "available"
-    # What is not core comes from first-party plugin distributions, listed like any other plugin.
+    # What is not core comes from first-party plugin distributions, listed like any other plugin (Core v3:
+    # the default algorithm, rollout and loggers too).
     for key, dist in {("model", "tiny-qwen2-addition"): "verl-task-arithmetic", ("dataset", "addition"):
                       "verl-task-arithmetic", ("reward", "math"): "verl-reward-rules",
                       ("command", "data"): "verl-data-prepare", ("logger", "tensorboard"): "verl-loggers",
-                      ("scorer", "default"): "verl-rewards"}.items():
+                      ("scorer", "default"): "verl-rewards", ("algorithm", "grpo"): "verl-algorithms",
+                      ("rollout", "hf"): "verl-rollout-hf", ("logger", "console"): "verl-loggers",
+                      ("step_source", "colocate_async"): "verl-trainer-async",
+                      ("config_format", "verl-yaml"): "verl-config-import"}.items():
         assert rows[key]["distribution"] == dist and rows[key]["status"] == "available", key
 
 
