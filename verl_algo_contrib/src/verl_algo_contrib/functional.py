@@ -18,12 +18,11 @@ stays finite on degenerate input (one-sample groups, empty responses, all-equal 
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.nn.functional as torch_f
 
-from verl_algorithms.functional import agg_loss, masked_mean, masked_whiten, policy_regularizers, sequence_rewards
+from verl_algorithms.functional import agg_loss, masked_mean, masked_whiten, sequence_rewards, with_regularizers
 from verl_core.batch import Batch
 
 __all__ = [
@@ -323,23 +322,6 @@ def vanilla_pg_loss(log_probs: torch.Tensor, advantages: torch.Tensor, response_
     if token_weights is not None:
         loss = loss * token_weights.detach()
     return agg_loss(loss, mask, agg_mode, norm_length=norm_length), {}
-
-
-def with_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None,
-                      loss: torch.Tensor, stats: dict[str, torch.Tensor],
-                      is_metrics: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """A policy-gradient loss plus the KL/entropy terms ``config`` asks for, with ``ppo/*`` metrics.
-
-    The metric names are verl-algorithms' (``ppo/pg_loss``, ``ppo/actor_loss``, ``ppo/<stat>``), so
-    dashboards and the console line read every algorithm the same way.
-    """
-    metrics = {"ppo/pg_loss": float(loss.detach()), **(is_metrics or {})}
-    extra, extra_metrics = policy_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy)
-    loss = loss + extra
-    metrics.update(extra_metrics)
-    metrics.update({f"ppo/{k}": float(v) for k, v in stats.items()})
-    metrics["ppo/actor_loss"] = float(loss.detach())
-    return loss, metrics
 
 
 # ----------------------------------------------------------------------------- filters and shaping

@@ -18,6 +18,7 @@ import torch
 from verl_core.batch import KL_ESTIMATORS, Batch, KLEstimator, kl_penalty, masked_mean, scores_to_token_rewards
 
 __all__ = [
+    "with_regularizers",
     "KLEstimator",
     "LossAggMode",
     "KL_ESTIMATORS",
@@ -267,13 +268,8 @@ def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
                                 clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                 clip_c=config.clip_ratio_c, agg_mode=config.loss_agg_mode,
                                 norm_length=batch.info.get("max_new_tokens"), token_weights=weights)
-    metrics = {"ppo/pg_loss": float(loss.detach()), **is_metrics}
-    extra, extra_metrics = policy_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy)
-    loss = loss + extra
-    metrics.update(extra_metrics)
-    metrics.update({f"ppo/{k}": float(v) for k, v in stats.items()})
-    metrics["ppo/actor_loss"] = float(loss.detach())
-    return loss, metrics
+    return with_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy, loss=loss, stats=stats,
+                             is_metrics=is_metrics)
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
@@ -287,3 +283,20 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
     frac = masked_mean(((values - returns).square() < (clipped - returns).square()).float(), mask)
     return out, {"critic/value_loss": float(out.detach()), "critic/clip_frac": float(frac),
                  "critic/values_mean": float(masked_mean(values.detach(), mask))}
+
+
+def with_regularizers(config: Any, *, batch: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None,
+                      loss: torch.Tensor, stats: dict[str, torch.Tensor],
+                      is_metrics: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """A policy-gradient loss plus the KL/entropy terms ``config`` asks for, with ``ppo/*`` metrics.
+
+    The metric names are verl-algorithms' (``ppo/pg_loss``, ``ppo/actor_loss``, ``ppo/<stat>``), so
+    dashboards and the console line read every algorithm the same way.
+    """
+    metrics = {"ppo/pg_loss": float(loss.detach()), **(is_metrics or {})}
+    extra, extra_metrics = policy_regularizers(config, batch=batch, log_probs=log_probs, entropy=entropy)
+    loss = loss + extra
+    metrics.update(extra_metrics)
+    metrics.update({f"ppo/{k}": float(v) for k, v in stats.items()})
+    metrics["ppo/actor_loss"] = float(loss.detach())
+    return loss, metrics
