@@ -189,3 +189,17 @@ def test_the_reward_model_path_is_what_the_trainer_starts(registry, tmp_path):
         m.score_texts(["x"], meta(["x"], ["src"]))
     with pytest.raises(RewardSpecError, match="reward.model_path: .* is not a directory"):
         manager(registry, isolation="none", model_path=str(tmp_path / "missing"))
+
+
+def test_building_a_reward_is_not_counted_against_its_time_limit(registry, tmp_path):
+    """A reward module that takes longer to import than reward.timeout (math-verify, sympy) still scores:
+    the limit starts when the worker says the reward is built, as the worker's comment promises."""
+    slow = tmp_path / "slow_import.py"
+    slow.write_text("import time\ntime.sleep(2.5)  # a heavy import\n\n"
+                    "def exact(response, ground_truth):\n    return float(response == ground_truth)\n")
+    m = manager(registry, name=f"file:{slow}:exact", timeout=1.0, workers=1)
+    try:
+        scores, metrics = m.score_texts(["1", "2"], meta(["1", "1"], ["src", "src"]))
+        assert scores.tolist() == [1.0, 0.0] and metrics.get("reward/timeouts", 0.0) == 0.0
+    finally:
+        m.close()

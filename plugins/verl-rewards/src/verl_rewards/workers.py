@@ -47,7 +47,8 @@ __all__ = ["Outcome", "RewardWorkerPool", "score_inline"]
 
 # The error of rows a fail-fast call left unscored after another row failed.
 NOT_SCORED = "not scored: the call stopped at the first failure"
-# How long a fresh worker may take to import itself and report ready (not counted against reward.timeout).
+# How long a fresh worker may take to import itself and report ready, and to build a reward (import its
+# module) before scoring; neither is counted against reward.timeout.
 STARTUP_TIMEOUT_S = 120.0
 # Extra time the controller allows async per-sample rewards beyond their own asyncio timeout.
 ASYNC_GRACE_S = 2.0
@@ -342,7 +343,8 @@ class RewardWorkerPool:
             worker.wait_ready()
             local = list(range(len(rows)))
             worker.conn.send(("task", key, payload, inputs.select(rows), local, timeout))
-            deadline = time.monotonic() + limit + slack if limit else float("inf")
+            # Until the worker says the reward is built ("loaded"), building gets STARTUP_TIMEOUT_S of its own.
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S + limit + slack if limit else float("inf")
             return _Job(worker, list(rows), local, deadline, slack)
 
         size = -(-n // min(n, len(self._workers)))
