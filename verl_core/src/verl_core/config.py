@@ -478,7 +478,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         name = values.pop(spec.key, spec.default)
         if not isinstance(name, str) or (not name and spec.default):
             raise ConfigError(f"{section}.{spec.key}", "must be a plugin name")
-        plugin = registry.load(spec.plugin_kind, name) if name else None
+        plugin = _section_plugin(registry, spec, name, f"{section}.{spec.key}") if name else None
         config_cls = getattr(plugin, "Config", None)
         if config_cls is None:
             if values:
@@ -500,6 +500,17 @@ def _steps_note(user: Mapping[str, Any]) -> str:
             f"run.max_steps={run['max_steps']!r} is not used (set run.epochs=0 to count steps instead)")
 
 
+def _section_plugin(registry: Any, spec: ConfigSection, name: str, key: str) -> Any:
+    """The plugin a section's ``key`` names; an unknown name's error starts with that key."""
+    from verl_core.registry import UnknownPluginError
+
+    try:
+        return registry.load(spec.plugin_kind, name)
+    except UnknownPluginError as exc:
+        raise UnknownPluginError(f"{key}: {exc}", kind=exc.kind, name=exc.name, installed=exc.installed,
+                                 suggestions=exc.suggestions, install_hint=exc.install_hint) from None
+
+
 def _with_source_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[Mapping[str, Any], str]:
     """Layer what the step source ``trainer.mode`` names recommends for other sections under the user's
     settings (:meth:`~verl_core.contracts.StepSource.defaults`), with its note for the profile."""
@@ -507,7 +518,8 @@ def _with_source_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[Mappin
     mode = trainer.get("mode", CORE_SECTIONS["trainer"].default)
     if not isinstance(mode, str) or not mode:
         return raw, ""  # the section's own check names the bad value
-    recommended, note = registry.load("step_source", mode).defaults(raw, registry)
+    source = _section_plugin(registry, CORE_SECTIONS["trainer"], mode, "trainer.mode")
+    recommended, note = source.defaults(raw, registry)
     if not recommended:
         return raw, ""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
@@ -523,7 +535,8 @@ def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str
     name = env.get("name")
     if not name or not isinstance(name, str):
         return raw
-    task = getattr(registry.load("environment", name), "task", None) or {}
+    environment = _section_plugin(registry, CORE_SECTIONS["environment"], name, "environment.name")
+    task = getattr(environment, "task", None) or {}
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     for section, values in task.items():
         current = out.setdefault(section, {})
