@@ -112,8 +112,8 @@ class Trainer:
             return
         cfg = self.config
         self._source_cls: type[StepSource] = self.registry.load("step_source", cfg.trainer.name)
-        threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // 2)
-        torch.set_num_threads(self._source_cls.torch_threads(cfg.trainer.config, threads))
+        self.run_threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // 2)  # 0: half the cores
+        torch.set_num_threads(self._source_cls.torch_threads(cfg.trainer.config, self.run_threads))
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         model_path, tok_path = open_model(self)  # the tokenizer, and the run directory (locked) on the controller

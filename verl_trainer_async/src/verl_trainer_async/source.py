@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +151,7 @@ class AsyncSource(StepSource):
         t = self.trainer
         cfg = t.config
         engine = t.rollout
-        threads = _producer_threads(self.config, cfg.run.threads or max(1, (os.cpu_count() or 1) // 2))
+        threads = _producer_threads(self.config, t.run_threads)
         if engine.shares_actor_weights:
             # The run's engine samples from the actor's live module, which each update changes in place:
             # the producer gets its own copy of the weights, kept in step by the published versions.

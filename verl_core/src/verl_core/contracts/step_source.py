@@ -59,7 +59,7 @@ class StepSource(abc.ABC):
     """Hands the trainer each step's prompts (or batch) and takes the new weights after each update.
 
     Built after the worker groups start, with the trainer, whose public attributes it may read
-    (``config``, ``registry``, ``rollout``, ``actor``, ``sampler``, ``train_rows``, ``tokenizer``,
+    (``config``, ``registry``, ``run_threads``, ``rollout``, ``actor``, ``sampler``, ``train_rows``, ``tokenizer``,
     ``dataflow``, ``algorithm``, ``reward``, ``boundary``, ``model_spec``, ``step``, ``max_steps``,
     ``draw_prompts``, ``step_context``), and, on a resume, the checkpoint and its ``trainer_state.json``.
     Built again after the worker groups restart.
