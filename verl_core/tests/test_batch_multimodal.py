@@ -8,8 +8,8 @@ import torch
 from verl_core.batch import Batch
 from verl_core.contracts import PromptIds, RolloutEngine, RolloutOutput
 from verl_core.rollout_utils import build_batch, check_rollout_multi_modal
-from verl_core.sharding import balance_batch, gather_split
 from verl_core.testing import make_batch
+from verl_kit.sharding import balance_batch, gather_split  # the executors' sharding (verl-kit)
 
 
 def _vision(tag: int, patches: int) -> dict[str, torch.Tensor]:

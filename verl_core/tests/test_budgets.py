@@ -52,7 +52,10 @@ REPO = CORE.parents[2]
 #: and from_spec, data.size / data.val_size, checked with the data sources before anything loads) (+72, #32).
 #: 8,970: an unknown plugin in a config section names its key ("trainer.mode: no step_source plugin named
 #: 'x'...", "algorithm.name: ..."), as every other config error does (+13).
-CORE_LINE_BUDGET = 8_970
+#: 8,363: the shared engine/backend/executor helpers moved to the verl-kit library (-607 lines: sharding.py 271,
+#: engine_kit.py 195, builtin_kit.py 86, the model side of multimodal.py 56, their kit.py re-exports 4; +5 net
+#: for ServerError, which the CLI reports, now in verl_core.contracts).
+CORE_LINE_BUDGET = 8_363
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

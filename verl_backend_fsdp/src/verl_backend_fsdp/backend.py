@@ -49,8 +49,8 @@ from verl_core.contracts import (
     micro_batch_weights,
     rank_mini_batch,
 )
-from verl_core.kit import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
-from verl_core.kit import autocast, check_autocast, ensure_process_group
+from verl_kit.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
+from verl_kit.sharding import autocast, check_autocast, ensure_process_group
 
 __all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
 

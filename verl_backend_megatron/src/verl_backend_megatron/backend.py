@@ -46,7 +46,7 @@ from verl_core.contracts import (
     micro_batch_weights,
     rank_mini_batch,
 )
-from verl_core.kit import ensure_process_group
+from verl_kit.sharding import ensure_process_group
 from verl_backend_megatron import _convert
 from verl_backend_megatron._convert import Architecture, UnsupportedModelError
 from verl_backend_megatron._cpu import model_compute

@@ -136,8 +136,7 @@ def run(
 
         from verl_core.boundary import PluginOutputError
         from verl_core.checkpoint import CheckpointWriteError
-        from verl_core.engine_kit import ServerError
-        from verl_core.contracts import WorkerFailedError
+        from verl_core.contracts import ServerError, WorkerFailedError
         from verl_core.rollout_utils import WeightSyncError
         from verl_core.signals import PREEMPTED_EXIT, Preempted
         from verl_core.trainer import Trainer

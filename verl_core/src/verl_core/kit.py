@@ -1,10 +1,12 @@
-"""The shared helpers plugins may use, in one public module (the rest of the core may change under them).
+"""The core's helpers plugins may use, in one public module (the rest of the core may change under them).
 
-Loaded lazily, name by name, so ``from verl_core.kit import build_once`` costs no torch::
+Loaded lazily, name by name, so ``from verl_core.kit import DataError`` costs no torch::
 
-    from verl_core.kit import split_call, gather_split      # a backend or an executor
-    from verl_core.kit import left_pad, stop_token_ids      # a rollout engine
-    from verl_core.kit import check_step_result, Boundary   # an environment kit
+    from verl_core.kit import left_pad, sync_rollout_weights  # a rollout engine
+    from verl_core.kit import check_step_result, Boundary     # an environment kit
+
+The helpers the core itself does not use (sharding and dispatch, engine helpers, built-in models, the
+model side of vision) are the ``verl-kit`` library's: ``from verl_kit.sharding import split_call``.
 """
 
 from __future__ import annotations
@@ -15,23 +17,17 @@ from typing import Any
 #: Public name -> (core module, attribute).
 _EXPORTS: dict[str, tuple[str, str]] = {
     **{n: ("verl_core.boundary", n) for n in ("Boundary", "check_messages", "check_step_result")},
-    **{n: ("verl_core.builtin_kit", n) for n in ("build_once", "one_torch_thread", "byte_level_tokenizer")},
     **{n: ("verl_core.checkpoint", n) for n in ("CheckpointError", "CheckpointManager", "pid_alive")},
     **{n: ("verl_core.data", n) for n in ("DataError", "load_rows", "render_rows")},
     **{n: ("verl_core.dataflow", n) for n in ("BATCH", "EXTRAS_PREFIX", "DataflowBuilder")},
-    **{n: ("verl_core.engine_kit", n) for n in ("sample_seed", "stop_token_ids", "write_safetensors",
-                                                "RetryingClient", "ServerError")},
     **{n: ("verl_core.hooks", n) for n in ("hookimpl",)},
-    **{n: ("verl_core.multimodal", n) for n in ("auto_model_class", "is_vision_model", "vision_forward_inputs",
-                                                "vision_token_ids", "ImageTextProcessor")},
+    **{n: ("verl_core.multimodal", n) for n in ("ImageTextProcessor",)},
     **{n: ("verl_core.progress", n) for n in ("Progress",)},
     "BASELINE": ("verl_core.rollout_stage", "BASELINE"),
     "run_rollout_stage": ("verl_core.rollout_stage", "run"),
     "produce_rollout": ("verl_core.rollout_stage", "produce"),
     **{n: ("verl_core.rollout_utils", n) for n in ("sync_rollout_weights", "WeightSyncError", "left_pad",
                                                    "right_pad", "build_batch")},
-    **{n: ("verl_core.sharding", n) for n in ("autocast", "check_autocast", "ensure_process_group", "Mesh", "Shards",
-                                              "balance_batch", "gather_split", "pad_and_shard", "split_call")},
     **{n: ("verl_core.run_model", n) for n in ("copied_keys",)},
     **{n: ("verl_core.assembly", n) for n in ("OBJECT_PREFIX",)},
 }

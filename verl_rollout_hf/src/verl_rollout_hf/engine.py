@@ -17,7 +17,7 @@ import torch
 
 from verl_core.contracts import (ModelSpec, PromptIds, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams,
                                   WorldInfo)
-from verl_core.kit import autocast, check_autocast
+from verl_kit.sharding import autocast, check_autocast
 
 __all__ = ["HFRollout", "HFRolloutConfig"]
 
@@ -65,7 +65,7 @@ class HFRollout(RolloutEngine):
             # Stand-alone use (tests, evaluation): load our own copy and accept weight updates.
             from transformers import AutoConfig
 
-            from verl_core.kit import auto_model_class
+            from verl_kit.multimodal import auto_model_class
 
             self._own = model.module or auto_model_class(AutoConfig.from_pretrained(
                 model.path, trust_remote_code=model.trust_remote_code)).from_pretrained(
@@ -107,8 +107,8 @@ class HFRollout(RolloutEngine):
 
     def _generate_chunk(self, module: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
                         eos: list[int], pad: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
-        from verl_core.kit import is_vision_model, vision_forward_inputs, vision_token_ids
         from verl_core.kit import left_pad
+        from verl_kit.multimodal import is_vision_model, vision_forward_inputs, vision_token_ids
 
         ids, mask = left_pad(prompts, pad)
         vision: dict[str, Any] = vision_forward_inputs([PromptIds.inputs_of(p) for p in prompts], ids, module.config,

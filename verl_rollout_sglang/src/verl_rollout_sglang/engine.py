@@ -9,9 +9,9 @@ SGLang pins its own torch, so the server runs under a second interpreter
   running server, by ``rollout.base_url``.
 * **Generation.** ``POST /generate`` with token ids in and token ids plus the log-prob of each
   sampled token out. Every sample is its own request entry with its own seed
-  (:func:`verl_core.engine_kit.sample_seed`), sent in chunks over a bounded thread pool.
+  (:func:`verl_kit.engine.sample_seed`), sent in chunks over a bounded thread pool.
 * **Weight sync.** ``disk``: the weight stream is written once as safetensors shards
-  (:func:`verl_core.engine_kit.write_safetensors`) and loaded with ``/update_weights_from_disk``;
+  (:func:`verl_kit.engine.write_safetensors`) and loaded with ``/update_weights_from_disk``;
   works whatever torch each side has. ``tensor``: bucketed tensors in SGLang's serialized form
   through ``/update_weights_from_tensor`` (between ``/begin_weight_update`` and
   ``/end_weight_update``), for a trainer with the server's torch on the same host. ``distributed``:
@@ -50,9 +50,9 @@ from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
-from verl_core.kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
 from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
 from verl_core.kit import WeightSyncError
+from verl_kit.engine import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
 
 from verl_rollout_sglang.environment import SGLangEnvironmentError, server_python
 from verl_rollout_sglang.server import CPU_SUPPORT_DIR, ServerProcess, ServerStartError, free_port

@@ -37,7 +37,6 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from verl_core.config import ConfigError
-from verl_core.kit import sample_seed, stop_token_ids, write_safetensors
 from verl_core.contracts import (
     LoRAAdapter,
     ModelSpec,
@@ -48,6 +47,7 @@ from verl_core.contracts import (
     WorldInfo,
 )
 from verl_core.kit import WeightSyncError as _CoreWeightSyncError
+from verl_kit.engine import sample_seed, stop_token_ids, write_safetensors
 
 from verl_rollout_vllm._install import INSTALL_HINT, explain_start_failure, import_vllm, vllm_available
 

@@ -32,8 +32,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verl_core.kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
 from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+from verl_kit.engine import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
 
 __all__ = ["OpenAIRollout", "OpenAIRolloutConfig", "ServerError"]
 
@@ -162,7 +162,7 @@ class OpenAIRollout(RolloutEngine):
 
     def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
                  params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One request with retries on transient failures (:class:`~verl_core.engine_kit.RetryingClient`)."""
+        """One request with retries on transient failures (:class:`~verl_kit.engine.RetryingClient`)."""
         if path == "/v1/completions":
             with self._lock:
                 self.requests_sent += 1

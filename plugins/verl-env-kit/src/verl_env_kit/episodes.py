@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from verl_core.batch import Batch
-from verl_core.kit import stop_token_ids
 from verl_core.kit import Boundary, check_messages, check_step_result
 from verl_core.contracts import ENV_REWARDS, PromptIds, SamplingParams, StepResult
 from verl_core.kit import left_pad, right_pad
+from verl_kit.engine import stop_token_ids
 
 if TYPE_CHECKING:
     from verl_core.contracts import Environment, EnvironmentConfig, RolloutEngine

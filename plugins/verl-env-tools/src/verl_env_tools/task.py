@@ -21,8 +21,8 @@ import pathlib
 import random
 from typing import Any, Sequence
 
-from verl_core.kit import build_once, one_torch_thread
 from verl_core.contracts import DatasetProvider, ModelProvider
+from verl_kit.builtin import build_once, one_torch_thread
 
 __all__ = ["TinyQwen2Tools", "ToolArithmetic", "ToolArithmeticReward", "build_tokenizer", "make_dataset",
            "ensure_model", "CHAT_TEMPLATE", "DATA_SOURCE"]

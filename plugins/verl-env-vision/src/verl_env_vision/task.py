@@ -59,7 +59,7 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer() -> Any:
     """Byte-level (no merges), the ChatML and vision markers as single special tokens."""
-    from verl_core.kit import byte_level_tokenizer
+    from verl_kit.builtin import byte_level_tokenizer
 
     return byte_level_tokenizer(pad=SPECIAL[0], eos=SPECIAL[2], special=[SPECIAL[1], *SPECIAL[3:]], merged=MERGED,
                                 chat_template=CHAT_TEMPLATE)
@@ -232,8 +232,8 @@ def warm_start(model: Any, processor: Any, rows: Sequence[dict], held_out: Seque
     """
     import torch
 
-    from verl_core.kit import vision_forward_inputs
     from verl_core.kit import left_pad
+    from verl_kit.multimodal import vision_forward_inputs
 
     tok = processor.tokenizer
     blank = _encode_rows(processor, _blanked(rows))
@@ -302,7 +302,7 @@ def build_untrained(path: str | os.PathLike) -> Any:
 
 def ensure_model(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """The directory of ``builtin:tiny-qwen2-vl``, built on first use (about a minute on one core)."""
-    from verl_core.kit import build_once, one_torch_thread
+    from verl_kit.builtin import build_once, one_torch_thread
 
     def build(tmp: pathlib.Path) -> None:
         import torch

@@ -13,7 +13,7 @@ Calls travel over a gloo group of their own, pickled (so what they carry must be
 every rank: the same script and environment give that), and the training backend's collectives
 keep the default group to themselves. A call is dispatched as the worker method declares
 (:func:`verl_core.contracts.dispatch`): ``"split"`` cuts the batch into one shard per rank
-(:mod:`verl_core.sharding`) and joins the results, ``"all"`` returns every rank's result,
+(:mod:`verl_kit.sharding`) and joins the results, ``"all"`` returns every rank's result,
 ``"broadcast"`` rank 0's. A method that returns a context manager (``generation_module``) is
 entered on every rank and left on every rank when rank 0 leaves it; a generator (``iter_weights``)
 runs on every rank while rank 0 consumes it. The rollout engine and the reward stage run in the
@@ -58,7 +58,7 @@ from verl_core.contracts import (
     WorldInfo,
     dispatch_mode,
 )
-from verl_core.kit import Mesh, gather_split, split_call
+from verl_kit.sharding import Mesh, gather_split, split_call
 
 __all__ = ["TorchrunExecutor", "TorchrunExecutorConfig", "TorchrunWorkerGroup", "torchrun_world",
            "FAILURE_GRACE_S"]

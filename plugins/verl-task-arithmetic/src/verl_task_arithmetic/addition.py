@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from verl_core.kit import build_once, one_torch_thread
+from verl_kit.builtin import build_once, one_torch_thread
 
 __all__ = [
     "BUILTIN_MODEL_NAME",

@@ -11,7 +11,7 @@ these, so it never needs to know which plugin it drives. The conformance suites 
 
 from verl_core.contracts.common import Role, ModelSpec, WorldInfo, ConfigError, dispatch, dispatch_mode
 from verl_core.contracts.backend import LogProbs, LossFn, AlgorithmLoss, rank_mini_batch, check_sequence_length, micro_batch_weights, BackendConfig, LoRAAdapter, TrainingWorker, TrainingBackend
-from verl_core.contracts.rollout import SamplingParams, PromptIds, RolloutOutput, RolloutConfig, RolloutEngine
+from verl_core.contracts.rollout import SamplingParams, PromptIds, RolloutOutput, RolloutConfig, RolloutEngine, ServerError
 from verl_core.contracts.algorithm import AlgorithmConfig, Requirements, RolloutRequest, Algorithm
 from verl_core.contracts.reward import RewardInput, RewardFunction, RewardError, ScorerConfig, RewardScorer
 from verl_core.contracts.environment import ENV_REWARDS, StepResult, EnvironmentConfig, Environment
@@ -42,6 +42,7 @@ __all__ = [
     "RolloutOutput",
     "RolloutConfig",
     "RolloutEngine",
+    "ServerError",
     "AlgorithmConfig",
     "Requirements",
     "RolloutRequest",

@@ -14,7 +14,12 @@ if TYPE_CHECKING:
     from verl_core.contracts.backend import LoRAAdapter, TrainingWorker
     from verl_core.contracts.common import ModelSpec
 
-__all__ = ["SamplingParams", "PromptIds", "RolloutOutput", "RolloutConfig", "RolloutEngine"]
+__all__ = ["SamplingParams", "PromptIds", "RolloutOutput", "RolloutConfig", "RolloutEngine", "ServerError"]
+
+
+class ServerError(RuntimeError):
+    """An engine's server refused a request, or kept failing after all retries (``verl run`` reports it
+    in one line; :class:`verl_kit.engine.RetryingClient` raises it)."""
 
 
 @dataclass

@@ -19,7 +19,9 @@ at one rank. It is marked ``heavy``.
 
 That case and the micro-batching one train GRPO's loss, which comes from the verl-algorithms
 distribution (the core ships no algorithm): they load it through the registry, as a run does, and
-skip, naming the package, where it is not installed.
+skip, naming the package, where it is not installed. The multi-rank case cuts and joins the batch
+with the executors' own functions (``verl_kit.sharding``, the verl-kit library every multi-rank
+backend depends on), imported when it runs so that the other suites need no verl-kit.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.contracts import LogProbs, ModelSpec, Role, TrainingBackend, TrainingWorker, WorldInfo
-from verl_core.sharding import Mesh, gather_split, split_call
 from verl_core.testing._factories import make_batch
 
 __all__ = ["BackendConformance"]
@@ -391,6 +392,8 @@ class BackendConformance:
                 assert 0 <= index < extent, f"rank {rank}: {axis}_rank {index} outside {axis}_size {extent}"
         coordinates = [(p.dp_rank, p.tp_rank, p.pp_rank) for p in places]
         assert len(set(coordinates)) == size, f"two ranks claim the same place in the mesh: {coordinates}"
+        from verl_kit.sharding import Mesh, gather_split
+
         mesh = Mesh.of(places)  # one output rank per data-parallel group, every rank agreeing on dp_size
         assert all(p.is_output_rank == (rank in mesh.readers) for rank, p in enumerate(places))
 
@@ -507,6 +510,7 @@ def _multi_rank_scenario(rank: int, world_size: int, backend: TrainingBackend, m
     """One rank of :meth:`BackendConformance.test_multi_rank_matches_one_rank`: what an executor does
     with a worker group, on this rank."""
     import torch.distributed as dist
+    from verl_kit.sharding import Mesh, split_call
 
     def make_worker() -> TrainingWorker:
         return backend.create_worker(role=Role.ACTOR, model=ModelSpec(path=model_dir),

@@ -18,7 +18,7 @@ With model parallelism (:class:`~verl_core.contracts.WorldInfo` mesh fields) a s
 into one shard per *data-parallel group*; every rank of a group gets its group's shard, and
 :class:`Mesh` says which rank's result stands for each group.
 
-The kit the training backends import also holds what they share with an engine generating on their
+The training backends also take from here what they share with an engine generating on their
 module (the Hugging Face rollout): joining the process group (:func:`ensure_process_group`) and the
 ``autocast`` settings (``backend.autocast``, ``rollout.autocast``): one set of accepted values, one
 error, one context (:func:`check_autocast`, :func:`autocast`).

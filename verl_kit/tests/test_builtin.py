@@ -2,7 +2,7 @@
 
 import pytest
 
-from verl_core.builtin_kit import build_once
+from verl_kit.builtin import build_once
 
 
 def test_an_entry_is_built_once_and_a_failed_build_leaves_no_partial_entry(tmp_path):

@@ -7,8 +7,9 @@ other's copies:
 * :func:`sample_seed`: one distinct seed per sample of a seeded request;
 * :func:`write_safetensors`: a weight stream written as safetensors shards of bounded size, with
   an index, each file appearing under its final name only once complete;
-* :class:`RetryingClient`: JSON over HTTP (httpx) with exponential back-off and jitter on transient
-  failures, honouring ``Retry-After``, and a deadline.
+* :class:`RetryingClient`: JSON over HTTP (httpx, which the engines that use it depend on) with
+  exponential back-off and jitter on transient failures, honouring ``Retry-After``, and a deadline; it
+  raises :class:`~verl_core.contracts.ServerError`, re-exported here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from verl_core.contracts import ServerError  # the core's CLI reports it, so the core defines it
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,10 +35,6 @@ logger = logging.getLogger(__name__)
 
 # Statuses worth retrying: the request may succeed unchanged a moment later.
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-
-
-class ServerError(RuntimeError):
-    """A server refused a request, or kept failing after all retries."""
 
 
 def stop_token_ids(tokenizer: Any, extra: Iterable[int] = ()) -> list[int]:

@@ -1,4 +1,4 @@
-"""verl_core.engine_kit: the helpers engine plugins share."""
+"""verl_kit.engine: the helpers engine plugins share."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from verl_core.engine_kit import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
+from verl_kit.engine import RetryingClient, ServerError, sample_seed, stop_token_ids, write_safetensors
 
 
 class _Tok:
