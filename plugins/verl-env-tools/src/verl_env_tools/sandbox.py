@@ -13,7 +13,9 @@ environment-variable hooks) started with:
   can write only in its own working directory, and nothing it writes reaches the host; it cannot
   signal other processes either;
 * a **wall-clock deadline**: past it the whole process group is killed;
-* its output **truncated** to ``max_output`` characters.
+* its output **truncated** to ``max_output`` characters, and only that much held in memory: the rest
+  is read and dropped as it comes, so a program that prints gigabytes costs the host nothing;
+* its **standard input** given as a string (``stdin``), or empty.
 
 Everything that goes wrong (a timeout, a memory error, a crash, a refused fork) comes back as a
 :class:`SandboxResult` with ``ok=False`` and a short reason, never as an exception in the caller.
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -70,10 +73,14 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
+    """What one execution gave: ``ok`` when it exited with code 0 in time; ``truncated`` when its
+    output was cut at ``max_output`` characters."""
+
     ok: bool
     output: str
     error: str = ""
     seconds: float = 0.0
+    truncated: bool = False
 
 
 def _unshare_net() -> bool:
@@ -154,8 +161,9 @@ def _limits(limits: SandboxLimits, workdir: str, isolate: bool):
     return apply
 
 
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Execute ``code`` in the sandbox; its stdout and stderr (truncated) come back as ``output``.
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, stdin: str = "") -> SandboxResult:
+    """Execute ``code`` in the sandbox with ``stdin`` as its standard input; its stdout and stderr
+    (truncated) come back as ``output``.
 
     Raises:
         SandboxUnavailable: no network namespace can be made and ``limits.allow_network`` is False.
@@ -170,35 +178,77 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
     try:
-        proc = subprocess.Popen([_interpreter(), "-I", "-c", code], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([_interpreter(), "-I", "-c", code], cwd=workdir, env=env,
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 preexec_fn=_limits(limits, workdir, isolate))
+        # UTF-8 takes at most 4 bytes a character: this many bytes hold max_output characters.
+        reader = _BoundedReader(proc.stdout, keep=4 * limits.max_output + 4)
+        if stdin:
+            threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
         try:
-            raw, _ = proc.communicate(timeout=limits.wall_s)
+            proc.wait(timeout=limits.wall_s)
             timed_out = False
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            raw, _ = proc.communicate()
             timed_out = True
-        _kill_group(proc.pid)  # children it left behind
+        _kill_group(proc.pid)  # past the deadline, or children it left behind
+        proc.wait()
+        raw, dropped = reader.result()
         output = raw.decode("utf-8", "replace")
-        if len(output) > limits.max_output:
-            output = output[:limits.max_output] + f"\n... [{len(output) - limits.max_output} characters cut]"
+        truncated = dropped > 0 or len(output) > limits.max_output
+        if truncated:
+            cut = max(0, len(output) - limits.max_output) + dropped
+            output = output[:limits.max_output] + f"\n... [{cut} characters cut]"
         seconds = time.monotonic() - start
         if timed_out:
-            return SandboxResult(False, output, f"timed out after {limits.wall_s:g} s", seconds)
+            return SandboxResult(False, output, f"timed out after {limits.wall_s:g} s", seconds, truncated)
         code_ = proc.returncode
         if code_ == 0:
-            return SandboxResult(True, output, "", seconds)
+            return SandboxResult(True, output, "", seconds, truncated)
         if code_ == -signal.SIGXCPU or code_ == -signal.SIGKILL:
             reason = f"killed (CPU limit of {limits.cpu_s} s or memory)"
         elif "MemoryError" in output:
             reason = f"out of memory (limit {limits.memory_mb} MiB)"
         else:
             reason = f"exited with code {code_}"
-        return SandboxResult(False, output, reason, seconds)
+        return SandboxResult(False, output, reason, seconds, truncated)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _BoundedReader:
+    """Reads a pipe to its end in a thread, keeping its first ``keep`` bytes and counting the rest
+    (read and dropped, so the writer never blocks on a full pipe and the host's memory stays bounded)."""
+
+    def __init__(self, stream, *, keep: int) -> None:
+        self._stream, self._keep = stream, keep
+        self._kept = bytearray()
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        fd = self._stream.fileno()
+        while chunk := os.read(fd, 1 << 16):
+            room = self._keep - len(self._kept)
+            self._kept += chunk[:max(room, 0)]
+            self._dropped += max(len(chunk) - max(room, 0), 0)
+
+    def result(self) -> tuple[bytes, int]:
+        """The kept bytes and how many were dropped, once the pipe is closed (or after 5 s more: a
+        process that escaped the group may still hold it)."""
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._stream.close()
+        return bytes(self._kept), self._dropped
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+        stream.close()
+    except (BrokenPipeError, OSError):  # the program exited (or was killed) before reading it all
+        pass
 
 
 def _kill_group(pid: int) -> None:
