@@ -101,9 +101,9 @@ def test_prepare_errors_are_user_errors(tmp_path):
     res = _prepare("math", "-i", tmp_path / "rows.jsonl", "-o", tmp_path / "out", "--split", "train")
     assert res.exit_code == 2 and "no text column 'problem'" in res.output
     res = _prepare("mmlu", "-i", tmp_path / "rows.jsonl", "-o", tmp_path / "out")
-    assert res.exit_code == 2 and "unknown dataset 'mmlu'; available: ['geometry3k', 'gsm8k', 'math']" in res.output
+    assert res.exit_code == 2 and "unknown dataset 'mmlu'; available: ['geometry3k', 'gsm8k', 'math', 'mbpp']" in res.output
 
 
-@pytest.mark.parametrize("dataset", ["gsm8k", "math"])
+@pytest.mark.parametrize("dataset", ["gsm8k", "math", "mbpp"])
 def test_samples_are_shipped_with_the_package(dataset):
     assert (sample_path(dataset) / "train.jsonl").is_file() and (sample_path(dataset) / "test.jsonl").is_file()

@@ -17,7 +17,7 @@ app = typer.Typer(help="Prepare datasets.", no_args_is_help=True)
 
 @app.command("prepare")
 def prepare(
-    dataset: str = typer.Argument(..., help="gsm8k, math or geometry3k."),
+    dataset: str = typer.Argument(..., help="gsm8k, math, geometry3k or mbpp."),
     inputs: List[Path] = typer.Option(..., "--input", "-i", help="The dataset's own file or directory "
                                       "(repeatable: e.g. train.jsonl and test.jsonl)."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for <split>.parquet."),
@@ -25,7 +25,7 @@ def prepare(
     instruction: Optional[str] = typer.Option(None, help="Text appended to each question ('' for none)."),
     data_source: Optional[str] = typer.Option(None, help="data_source of the rows (default: verl's name)."),
 ) -> None:
-    """Convert GSM8K / MATH / Geometry3K files into verl-format parquet, extracting the ground truths."""
+    """Convert GSM8K / MATH / Geometry3K / MBPP files into verl-format parquet, extracting the ground truths."""
     from verl_core.kit import DataError
 
     from verl_data_prepare.prepare import prepare as run_prepare

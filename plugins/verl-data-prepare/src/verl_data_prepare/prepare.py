@@ -11,7 +11,13 @@ Supported datasets and the files they are distributed as:
 * ``geometry3k``: the parquet files of ``hiyouga/geometry3k`` (``data/train-*.parquet``, ...) with
   ``problem`` (the question, ``<image>`` where the diagram goes), ``answer`` and ``images`` (a list of
   ``{"bytes", "path"}`` images) columns; the images are kept in verl's ``images`` column, one
-  ``<image>`` placeholder per image (added in front where the problem has fewer).
+  ``<image>`` placeholder per image (added in front where the problem has fewer);
+* ``mbpp``: the JSON lines of ``google-research/mbpp`` (``mbpp.jsonl``, with ``--split``) or the Hub's
+  parquet files (``google-research-datasets/mbpp``: ``full/train-*.parquet``, or ``sanitized/...``, whose
+  question column is ``prompt``) with ``text``, ``code`` and ``test_list`` columns. The prompt is the
+  task, its asserts (which name the function) and a request for a ```` ```python ```` block; the ground
+  truth is the JSON string ``{"test_list": [...], "test_setup_code": ..., "test_imports": [...]}`` that
+  the ``code_tests`` reward (verl-env-tools) runs the model's program against.
 
 Each input's split comes from its path (a ``train`` or ``test`` part of the name); splits are kept as
 given and written to ``<output>/<split>.parquet`` in the verl format, with the same ``data_source`` names
@@ -56,11 +62,38 @@ class DatasetRecipe:
     extract: Callable[[str], str | None]
     extra_keys: tuple[str, ...] = ()
     images_key: str = ""
+    ability: str = "math"
+    # Where the question column may also be called something else (MBPP's sanitized files: "prompt").
+    question_alt_key: str = ""
+    # The prompt and ground truth from the whole row, where the question and solution alone do not hold them.
+    render_question: Callable[[dict[str, Any], str], str] | None = None
+    truth_from_row: Callable[[dict[str, Any]], str | None] | None = None
 
 
 def _math_answer(solution: str) -> str | None:
     boxed = last_boxed(solution)
     return strip_boxed(boxed).strip() if boxed else None
+
+
+MBPP_INSTRUCTION = "Write the Python function in a ```python code block."
+
+
+def _mbpp_question(row: dict[str, Any], question: str) -> str:
+    tests = "\n".join(str(t) for t in row.get("test_list") or [])
+    return f"{question.strip()} Your code should pass these tests:\n\n{tests}\n"
+
+
+def _mbpp_tests(row: dict[str, Any]) -> str | None:
+    """The ``code_tests`` ground truth of an MBPP row (a JSON string), or ``None`` when it has no asserts."""
+    tests = [str(t) for t in row.get("test_list") or [] if str(t).strip()]
+    if not tests:
+        return None
+    truth: dict[str, Any] = {"test_list": tests}
+    if str(row.get("test_setup_code") or "").strip():
+        truth["test_setup_code"] = str(row["test_setup_code"])
+    if row.get("test_imports"):
+        truth["test_imports"] = [str(i) for i in row["test_imports"]]
+    return json.dumps(truth)
 
 
 DATASETS: dict[str, DatasetRecipe] = {
@@ -69,6 +102,9 @@ DATASETS: dict[str, DatasetRecipe] = {
                           _math_answer, extra_keys=("level", "type")),
     "geometry3k": DatasetRecipe("hiyouga/geometry3k", MATH_INSTRUCTION, "problem", "answer",
                                 lambda answer: answer.strip() or None, images_key="images"),
+    "mbpp": DatasetRecipe("google-research-datasets/mbpp", MBPP_INSTRUCTION, "text", "code", lambda code: None,
+                          extra_keys=("task_id",), ability="code", question_alt_key="prompt",
+                          render_question=_mbpp_question, truth_from_row=_mbpp_tests),
 }
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -167,17 +203,23 @@ def convert_rows(rows: Iterable[dict[str, Any]], recipe: DatasetRecipe, *, split
     out: list[dict[str, Any]] = []
     skipped, first = 0, ""
     for i, row in enumerate(rows):
-        question, solution = row.get(recipe.question_key), row.get(recipe.solution_key)
+        question_key = recipe.question_key
+        if recipe.question_alt_key and question_key not in row and recipe.question_alt_key in row:
+            question_key = recipe.question_alt_key
+        question, solution = row.get(question_key), row.get(recipe.solution_key)
         if not isinstance(question, str) or not isinstance(solution, str):
-            missing = [k for k in (recipe.question_key, recipe.solution_key) if not isinstance(row.get(k), str)]
+            missing = [k for k in (question_key, recipe.solution_key) if not isinstance(row.get(k), str)]
             raise DataError(f"{split} row {i} has no text column {missing[0]!r}; columns are {sorted(row)} "
                             f"(is this the right dataset?)")
-        truth = recipe.extract(solution)
+        truth = recipe.truth_from_row(row) if recipe.truth_from_row else recipe.extract(solution)
         if truth is None:
             skipped += 1
-            first = first or f"{split} row {i}: no answer in {solution[-80:]!r}"
+            what = "test cases" if recipe.truth_from_row else f"answer in {solution[-80:]!r}"
+            first = first or f"{split} row {i}: no {what}"
             continue
-        content = f"{question} {instruction}" if instruction else question
+        text = recipe.render_question(row, question) if recipe.render_question else question
+        sep = "" if text.endswith("\n") else " "
+        content = f"{text}{sep}{instruction}" if instruction else text
         extra = {"split": split, "index": i, "question": question, "answer": solution}
         extra.update({k: str(row.get(k, "")) for k in recipe.extra_keys})
         images: dict[str, Any] = {}
@@ -192,7 +234,7 @@ def convert_rows(rows: Iterable[dict[str, Any]], recipe: DatasetRecipe, *, split
         out.append({
             "data_source": data_source or recipe.data_source,
             "prompt": [{"role": "user", "content": content}],
-            "ability": "math",
+            "ability": recipe.ability,
             "reward_model": {"style": "rule", "ground_truth": truth},
             "extra_info": extra,
             **images,
@@ -217,7 +259,7 @@ def prepare(dataset: str, inputs: Sequence[str | Path], output: str | Path, *, s
     """Convert ``inputs`` of ``dataset`` to ``<output>/<split>.parquet``.
 
     Args:
-        dataset: a key of :data:`DATASETS` (``gsm8k``, ``math``, ``geometry3k``).
+        dataset: a key of :data:`DATASETS` (``gsm8k``, ``math``, ``geometry3k``, ``mbpp``).
         inputs: files or directories of the dataset's own files.
         output: the output directory (created).
         split: the split of every input (default: read from each file's path).
