@@ -1,0 +1,187 @@
+"""``code_tests``: programs run against test cases in the real sandbox (real subprocesses, no network)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verl_core.registry import PluginRegistry
+from verl_env_tools.code_tests import CodeTestsConfig, CodeTestsReward, extract_program, parse_test_cases
+from verl_env_tools.sandbox import SandboxLimits, network_isolation_available, run_python
+
+pytestmark = pytest.mark.skipif(not network_isolation_available(), reason="no network namespace on this machine")
+
+MBPP = {"test_list": ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 5) == 5",
+                      "assert add(-1, 1) == 0"]}
+STDIO = {"inputs": ["1 2\n", "3 4\n", "10 -3\n", "0 0\n"], "outputs": ["3\n", "7\n", "7", "0\n"]}
+SUM_PROGRAM = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n"
+
+
+@pytest.fixture(scope="module")
+def reward() -> CodeTestsReward:
+    return CodeTestsReward(CodeTestsConfig(cpu_s=1, wall_s=3.0))
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution:\n```python\n{code}\n```\nIt adds the numbers."
+
+
+def test_correct_and_half_correct_programs_assert_style(reward: CodeTestsReward) -> None:
+    assert reward(fenced("def add(a, b):\n    return a + b"), MBPP) == 1.0
+    # Right when a is 1 or 2 and wrong otherwise: two of the four asserts pass.
+    assert reward(fenced("def add(a, b):\n    return a + b if a in (1, 2) else 99"), MBPP) == 0.5
+    assert reward(fenced("def add(a, b):\n    return a - b"), MBPP) == 0.0
+    assert reward("this is not python", MBPP) == 0.0
+    # The ground truth as verl's code datasets store it: a JSON string, with setup code and imports.
+    truth = json.dumps({"test_list": ["assert area(Rect(2, 3)) == 6", "assert math.isclose(area(Rect(1, .5)), .5)"],
+                        "test_setup_code": "from collections import namedtuple\nRect = namedtuple('Rect', 'w h')",
+                        "test_imports": ["import math"]})
+    assert reward(fenced("def area(r):\n    return r.w * r.h"), truth) == 1.0
+
+
+def test_correct_and_half_correct_programs_stdin_stdout_style(reward: CodeTestsReward) -> None:
+    assert reward(fenced(SUM_PROGRAM), STDIO) == 1.0
+    assert reward(fenced("a, b = map(int, input().split())\nprint(a + b if a < 3 else a - b)"), STDIO) == 0.5
+    # Standard error is not compared; trailing whitespace is ignored; a crash after the answer fails.
+    noisy = "import sys\nprint('debug', file=sys.stderr)\n" + SUM_PROGRAM.replace("print(a + b)", "print(a + b, ' ')")
+    assert reward(noisy, STDIO) == 1.0
+    assert reward(SUM_PROGRAM + "raise SystemExit(1)", STDIO) == 0.0
+    assert reward(SUM_PROGRAM + "import sys; sys.exit(0)", json.dumps(STDIO)) == 1.0
+
+
+def test_humaneval_style(reward: CodeTestsReward) -> None:
+    truth = {"test": "def check(candidate):\n    assert candidate([3, 1, 2]) == [1, 2, 3]\n", "entry_point": "sort_it"}
+    assert reward(fenced("def sort_it(xs):\n    return sorted(xs)"), truth) == 1.0
+    assert reward(fenced("def sort_it(xs):\n    return xs"), truth) == 0.0
+
+
+def test_leaving_before_the_asserts_is_no_pass(reward: CodeTestsReward) -> None:
+    for cheat in ("exit()", "import sys; sys.exit(0)", "import os; os._exit(0)", "print('ok')\nraise SystemExit"):
+        assert reward(fenced(cheat + "\ndef add(a, b):\n    return 0"), MBPP) == 0.0, cheat
+
+
+def test_an_infinite_loop_times_out_within_the_limit(reward: CodeTestsReward) -> None:
+    start = time.monotonic()
+    assert reward(fenced("while True:\n    pass"), {"inputs": ["1\n"], "outputs": ["1\n"]}) == 0.0
+    assert reward(fenced("import time\ntime.sleep(60)"), {"test_list": ["assert True"]}) == 0.0
+    # One CPU-bound test killed at cpu_s=1, one sleeping test killed at wall_s=3 (plus start-up).
+    assert time.monotonic() - start < 8
+
+
+def test_a_response_gets_total_s_for_all_its_tests() -> None:
+    quick = CodeTestsReward(CodeTestsConfig(cpu_s=1, wall_s=1.0, total_s=1.5))
+    sleeper = "import time\ntime.sleep(60)"
+    start = time.monotonic()
+    assert quick(sleeper, {"test_list": ["assert True"] * 20}) == 0.0
+    assert time.monotonic() - start < 5  # two tests started, the other eighteen failed unrun
+
+
+def test_ten_megabytes_of_output_is_capped_and_fails(reward: CodeTestsReward) -> None:
+    # The expected answer comes first, then 10 MB more: the output is cut and the test fails.
+    program = "print(3)\nimport sys\nsys.stdout.write('x' * (10 * 1024 * 1024))"
+    assert reward(program, {"inputs": ["1 2\n"], "outputs": ["3\n"]}) == 0.0
+    result = run_python(program, SandboxLimits(max_output=1000))
+    assert result.ok and result.truncated and len(result.output) < 1100
+    assert f"[{10 * 1024 * 1024 + 2 - 1000} characters cut]" in result.output
+    # Output without end is read and dropped until the time limit, never held whole.
+    result = run_python("while True:\n    print('y' * 10000)", SandboxLimits(cpu_s=1, wall_s=3.0))
+    assert not result.ok and result.truncated and len(result.output) < 2100
+
+
+def test_programs_have_no_network(reward: CodeTestsReward) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+        assert reward(program, {"inputs": [""], "outputs": ["connected\n"]}) == 0.0
+        result = run_python(program, SandboxLimits())
+        assert not result.ok and ("unreachable" in result.output or "refused" in result.output)
+    finally:
+        server.close()
+
+
+def test_the_program_is_the_last_python_block() -> None:
+    assert extract_program("```python\nx = 1\n```\ntext\n```py\nx = 2\n```") == "x = 2\n"
+    assert extract_program("Sure:\n```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut off
+    assert extract_program("def f():\n    return 1") == "def f():\n    return 1"
+    assert extract_program("```\nplain fence\n```") == "```\nplain fence\n```"
+
+
+def test_a_row_without_test_cases_names_the_row_and_the_shape(reward: CodeTestsReward) -> None:
+    for truth in ("", "42", {}, {"test_list": []}, {"inputs": ["1"], "outputs": []}, None):
+        with pytest.raises(ValueError) as info:
+            reward("print(1)", truth, data_source="my/code-set", extra_info={"index": 7})
+        message = str(info.value)
+        assert "data_source='my/code-set' index=7" in message and '"test_list"' in message and '"inputs"' in message
+    with pytest.raises(ValueError, match="fn_name"):
+        parse_test_cases({"fn_name": "solve", "inputs": [[1]], "outputs": [[2]]})
+
+
+def test_rows_are_scored_through_the_reward_manager_in_worker_processes() -> None:
+    from verl_rewards import RewardConfig, RewardError
+    from verl_rewards.functions import resolve_data_source
+    from verl_rewards.manager import RewardManager
+
+    registry = PluginRegistry()
+    assert resolve_data_source("google-research-datasets/mbpp", registry=registry) == "code_tests"
+    manager = RewardManager(registry=registry, tokenizer=None, data_sources=["google-research-datasets/mbpp"],
+                            config=RewardConfig(options={"code_tests": {"cpu_s": 1, "wall_s": 3.0}}))
+    meta = {"ground_truth": [json.dumps(MBPP), json.dumps(STDIO), json.dumps(MBPP)],
+            "data_source": ["google-research-datasets/mbpp", "apps", "google-research-datasets/mbpp"],
+            "extra_info": [{"index": 0}, {"index": 1}, {"index": 2}], "prompt_text": ["q"] * 3}
+    try:
+        scores, metrics = manager.score_texts(
+            [fenced("def add(a, b):\n    return a + b"), fenced(SUM_PROGRAM), "while True: pass"], meta)
+        assert scores.tolist() == [1.0, 1.0, 0.0] and metrics["reward/errors"] == 0
+        meta["ground_truth"][1] = ""
+        with pytest.raises(RewardError, match="data_source='apps' index=1"):
+            manager.score_texts(["print(1)"] * 3, meta)
+    finally:
+        manager.close()
+
+
+def test_the_prepared_mbpp_sample_scores_its_own_solutions_one(reward: CodeTestsReward, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from verl_data_prepare.prepare import prepare, sample_path
+
+    prepare("mbpp", [sample_path("mbpp")], tmp_path)
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert len(rows) == 8
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        assert reward(fenced(row["extra_info"]["answer"]), truth) == 1.0, row["extra_info"]["task_id"]
+        assert reward(fenced("pass"), truth) == 0.0
+
+
+@pytest.mark.slow
+def test_verl_run_two_steps_with_code_tests_on_the_prepared_sample(tmp_path: Path) -> None:
+    import os
+
+    from verl_core.testing import tiny_text_model_dir
+
+    cli = [sys.executable, "-m", "verl_core.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    src = Path(__import__("verl_data_prepare.prepare", fromlist=["sample_path"]).sample_path("mbpp"))
+    res = subprocess.run([*cli, "data", "prepare", "mbpp", "-i", str(src), "-o", str(tmp_path / "mbpp")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0 and "mbpp train: 8 rows" in res.stdout, res.stderr
+    model = tiny_text_model_dir(tmp_path / "model")
+    out = tmp_path / "run"
+    res = subprocess.run([*cli, "run", "--model", model, "--data", str(tmp_path / "mbpp" / "train.parquet"),
+                          "--output-dir", str(out), "--max-steps", "2", "reward.name=code_tests",
+                          "data.batch_size=4", "rollout.n=2", "rollout.max_new_tokens=8", "run.threads=1",
+                          "run.val_every=0", "run.save_every=0"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "reward/mean" in r and "step" in r]
+    assert [r["step"] for r in train][-2:] == [1, 2]
+    assert all(0.0 <= r["reward/mean"] <= 1.0 and r["reward/errors"] == 0 for r in train)
