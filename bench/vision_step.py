@@ -33,10 +33,9 @@ def _child(settings: dict, steps: int) -> dict:
     from transformers import AutoTokenizer
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.data import render_rows
     from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
-    from verl_core.multimodal import load_processor
     from verl_core.rollout_utils import generate_batch
+    from verl_data import load_processor, render_rows
     from verl_env_vision.task import ensure_model, make_dataset
     from verl_rollout_hf import HFRollout, HFRolloutConfig
 

@@ -137,7 +137,8 @@ def test_plugins_list_json(run_verl):
                       ("scorer", "default"): "verl-rewards", ("algorithm", "grpo"): "verl-algorithms",
                       ("rollout", "hf"): "verl-rollout-hf", ("logger", "console"): "verl-loggers",
                       ("step_source", "colocate_async"): "verl-trainer-async",
-                      ("config_format", "verl-yaml"): "verl-config-import"}.items():
+                      ("config_format", "verl-yaml"): "verl-config-import",
+                      ("data_reader", "standard"): "verl-data"}.items():
         assert rows[key]["distribution"] == dist and rows[key]["status"] == "available", key
 
 

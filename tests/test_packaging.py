@@ -90,7 +90,8 @@ def test_every_distribution_builds_and_a_fresh_virtualenv_installs_and_trains(tm
                       (("algorithm", "ppo"), "verl-algorithms"),
                       (("backend", "fsdp"), "verl-backend-fsdp"), (("executor", "torchrun"), "verl-executor-torchrun"),
                       (("scorer", "default"), "verl-rewards"), (("model", "tiny-qwen2-addition"), "verl-task-arithmetic"),
-                      (("config_format", "verl-yaml"), "verl-config-import")):
+                      (("config_format", "verl-yaml"), "verl-config-import"),
+                      (("data_reader", "standard"), "verl-data")):
         assert plugins[key]["distribution"] == dist and plugins[key]["status"] == "available", plugins.get(key)
 
     out = tmp_path / "run"

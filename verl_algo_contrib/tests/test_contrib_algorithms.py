@@ -316,7 +316,7 @@ def tokenizer():
 
 
 def prompt_rows(tokenizer, raws):
-    from verl_core.data import tokenize_rows
+    from verl_data import tokenize_rows
 
     rows, _ = tokenize_rows(raws, tokenizer, prompt_key="prompt", answer_key="answer", max_prompt_length=16,
                             overlong="filter", apply_chat_template=True, source="test")
@@ -355,7 +355,7 @@ def test_dpo_builds_pairs_and_matches_the_hand_loss(tokenizer):
 
 
 def test_preference_data_errors_name_the_column_and_setting(tokenizer):
-    from verl_core.data import DataError
+    from verl_data import DataError
 
     dpo = DPO(DPOConfig())
     rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "good": "46", "rejected": "47"}])

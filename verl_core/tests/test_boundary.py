@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from verl_core.boundary import (Boundary, PluginOutputError, check_advantages, check_messages, check_scores,
-                                check_step_result, finite_rows)
-from verl_core.contracts import RolloutOutput, StepResult
+from verl_core.boundary import (Boundary, PluginOutputError, check_advantages, check_messages, check_prompt_rows,
+                                check_scores, check_step_result, finite_rows)
+from verl_core.contracts import PromptIds, RolloutOutput, StepResult
 
 ENV = "environment 'calc' (my-env 0.1)"
 
@@ -38,6 +38,43 @@ def test_well_formed_step_results_pass_and_a_nan_reward_is_left_to_the_reward_st
     assert check_step_result(ok, source=ENV, where="") is ok
     check_step_result(StepResult(observation=None, reward=float("nan"), done=True), source=ENV, where="")
     assert check_messages([{"role": "user", "content": [{"type": "image"}]}], source=ENV, where="") is not None
+
+
+READER = "data_reader 'mine' (my-reader 0.1)"
+
+
+def prompt_row(**fields):
+    return {"prompt_ids": [3, 4], "prompt_text": "hi", "prompt_messages": [{"role": "user", "content": "hi"}],
+            "ground_truth": "5", "data_source": "sums", "extra_info": {}, "raw": {"prompt": "hi"}, **fields}
+
+
+@pytest.mark.parametrize("row,match", [
+    (prompt_row(prompt_ids=[]), r"list \[\] as prompt_ids of training row 1; expected a non-empty list of int"),
+    (prompt_row(prompt_ids="3 4"), "str '3 4' as prompt_ids of training row 1"),
+    (prompt_row(prompt_ids=[3, True]), "as prompt_ids of training row 1; expected a non-empty list of int"),
+    (prompt_row(prompt_ids=[3, 4.0]), "as prompt_ids of training row 1"),
+    (prompt_row(prompt_ids=[3, 10, -1]), r"list \[10, -1\] as prompt_ids of training row 1; expected token ids in "
+                                         r"\[0, 10\), the model's vocabulary"),
+    (prompt_row(data_source=""), "str '' as data_source of training row 1; expected a non-empty str"),
+    (prompt_row(data_source=None), "NoneType None as data_source of training row 1"),
+    ({k: v for k, v in prompt_row().items() if k != "prompt_text"}, "as prompt_text of training row 1"),
+    (prompt_row(extra_info=None), "as extra_info of training row 1; expected a dict"),
+    (prompt_row(prompt_messages="hi"), "as prompt_messages of training row 1"),
+    ("a row", "str 'a row' as training row 1; expected a dict"),
+])
+def test_malformed_prompt_rows_name_the_reader_the_split_and_the_row(row, match):
+    message = fails(check_prompt_rows, [prompt_row(), row], source=READER, split="training", vocab_size=10,
+                    match=match)
+    assert message.startswith(READER) and message.endswith("Nothing was trained; fix the plugin")
+
+
+def test_well_formed_prompt_rows_pass_with_images_too():
+    rows = [prompt_row(), prompt_row(prompt_ids=PromptIds([1, 9], multi_modal_data={"image": ["img"]}),
+                                     prompt_messages=[{"role": "user", "content": [{"type": "image"}]}])]
+    assert check_prompt_rows(rows, source=READER, split="validation", vocab_size=10) is rows
+    assert check_prompt_rows([], source=READER, split="validation", vocab_size=10) == []
+    fails(check_prompt_rows, ({},), source=READER, split="validation", vocab_size=10,
+          match="tuple .* as the validation rows; expected a list of row dicts")
 
 
 def test_scores_must_be_one_real_number_per_row():

@@ -113,7 +113,7 @@ class _KeepGroups:
 def engine_and_rows(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from verl_core.data import tokenize_rows
+    from verl_data import tokenize_rows
     from verl_rollout_hf import HFRollout, HFRolloutConfig
 
     tmp = tmp_path_factory.mktemp("capabilities")

@@ -65,7 +65,7 @@ PROVIDERS = """
 
 def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> None:
     from verl_core.config import _with_model_preset
-    from verl_core.data import DataError, load_rows
+    from verl_data import DataError, load_rows
     from verl_core.trainer import resolve_model_path
 
     registry = plugin(PROVIDERS, {"verl.models": {"tiny": "Tiny"}, "verl.datasets": {"sums": "Sums"}})
@@ -86,7 +86,7 @@ def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> No
 
 
 def test_an_unknown_builtin_lists_the_installed_ones_and_the_package(plugin) -> None:
-    from verl_core.data import load_rows
+    from verl_data import load_rows
     from verl_core.trainer import resolve_model_path
 
     registry = plugin(PROVIDERS, {"verl.models": {"tiny": "Tiny"}, "verl.datasets": {"sums": "Sums"}})
@@ -126,7 +126,7 @@ def test_a_provider_that_takes_an_argument_serves_name_colon_argument(plugin) ->
     """``data.train = "<name>:<argument>"``: the provider's from_spec gets the argument and data.size /
     data.val_size; a bad argument, a provider without one and an unknown name fail naming the key."""
     from verl_core.config import ConfigError, DataConfig, build_dataclass
-    from verl_core.data import DataError, check_data_source, load_rows
+    from verl_data import DataError, check_data_source, load_rows
 
     registry = plugin(GENERATED, {"verl.datasets": {"counting": "Counting", "plain": "Plain"}})
     rows = load_rows("counting:3", size=5, registry=registry)
@@ -149,6 +149,49 @@ def test_a_provider_that_takes_an_argument_serves_name_colon_argument(plugin) ->
                         ({"train": "counting:3", "size": -1}, "data.size")):
         with pytest.raises(ConfigError, match=f"^{key}: "):
             build_dataclass(DataConfig, values, "data")
+
+
+READERS = """
+    from verl_core.contracts import DataError, DataReader
+
+    class Shifted(DataReader):
+        def check(self, spec, key, registry):
+            if spec == "missing":
+                raise DataError(f"{key}: {spec!r} is not there")
+        def load(self, config, tokenizer, *, model_path, registry, format):
+            row = {"prompt_ids": [5, 6], "prompt_text": "hi", "prompt_messages": [], "ground_truth": "1",
+                   "data_source": "x", "extra_info": {}, "raw": {}}
+            return [row, {**row, "prompt_ids": [5, 400]}], [], {}
+"""
+
+
+def test_a_data_reader_plugin_is_checked_before_models_and_its_rows_where_they_enter(plugin) -> None:
+    """``data.reader`` names a ``verl.data_readers`` plugin: an unknown name says so with the installed ones, its
+    ``check`` runs on data.train / data.val before any model loads, and a row it returns with a token id outside
+    the vocabulary stops the run naming the plugin, the split, the row, what was expected and what came."""
+    from types import SimpleNamespace
+
+    from verl_core.assembly import check_sources, data_reader, load_data
+    from verl_core.config import DataConfig
+    from verl_core.contracts import DataError, ModelSpec
+    from verl_core.boundary import PluginOutputError
+    from verl_core.testing import build_byte_tokenizer
+
+    registry = plugin(READERS, {"verl.data_readers": {"shifted": "Shifted"}})
+    with pytest.raises(UnknownPluginError, match=r"^data.reader: no data_reader plugin named 'shfted' is installed"
+                                                 r".*shifted"):
+        data_reader(registry, "shfted")
+    t = SimpleNamespace(config=SimpleNamespace(data=DataConfig(reader="shifted", val="missing"),
+                                               rollout=SimpleNamespace(name="hf")),
+                        registry=registry, tokenizer=build_byte_tokenizer(), model_spec=ModelSpec(path=""),
+                        _model_obj=object())
+    with pytest.raises(DataError, match="^data.val: 'missing' is not there"):
+        check_sources(t, "", "")
+    vocab = len(t.tokenizer)
+    with pytest.raises(PluginOutputError, match=rf"^data_reader 'shifted' \(verl-kinds-plugin-\d+ 1.0\) returned list "
+                                                rf"\[400\] as prompt_ids of training row 1; expected token ids in "
+                                                rf"\[0, {vocab}\), the model's vocabulary. Nothing was trained"):
+        load_data(t)
 
 
 COMMANDS = """

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from verl_core.cli import add_plugin_commands, app
-from verl_core.data import load_rows, render_rows
+from verl_data import load_rows, render_rows
 from verl_core.testing import build_byte_tokenizer
 from verl_data_prepare.prepare import sample_path
 from verl_reward_rules import GSM8KReward, MathReward

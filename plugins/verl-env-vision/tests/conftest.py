@@ -15,6 +15,6 @@ def vlm_dir(tmp_path_factory):
 def processor(vlm_dir):
     from transformers import AutoTokenizer
 
-    from verl_core.multimodal import load_processor
+    from verl_data import load_processor
 
     return load_processor(vlm_dir, AutoTokenizer.from_pretrained(vlm_dir))

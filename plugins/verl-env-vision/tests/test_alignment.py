@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from verl_core import rollout_stage
-from verl_core.data import PromptSampler, render_rows
 from verl_core.dataflow import StepContext
 from verl_core.contracts import ModelSpec, RolloutRequest, Role, SamplingParams, WorldInfo
+from verl_core.sampler import PromptSampler
+from verl_data import render_rows
 from verl_env_vision.task import make_dataset
 from verl_rollout_hf import HFRollout, HFRolloutConfig
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from verl_core.data import DataError, load_rows, render_rows
+from verl_data import DataError, load_rows, render_rows
 
 
 def _png(colour) -> bytes:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from verl_core.data import DataError, build_datasets, render_rows
+from verl_data import DataError, build_datasets, render_rows
 from verl_core.contracts import PromptIds
 from verl_env_vision.task import QUESTION, make_dataset
 

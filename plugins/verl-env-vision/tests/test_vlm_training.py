@@ -4,7 +4,7 @@ mRoPE), parity with generation, updates with and without the vision tower, and t
 import pytest
 import torch
 
-from verl_core.data import render_rows
+from verl_data import render_rows
 from verl_core.contracts import ModelSpec, Role, SamplingParams, WorldInfo
 from verl_core.rollout_utils import generate_batch
 from verl_env_vision.task import make_dataset
@@ -101,7 +101,7 @@ def test_freezing_the_vision_tower_of_a_text_model_is_refused():
 def test_the_hf_export_keeps_the_image_processor_and_loads_as_the_same_vlm(actor, sampled, tmp_path, processor):
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from verl_core.multimodal import load_processor
+    from verl_data import load_processor
 
     actor.export_hf(str(tmp_path / "export"))
     exported = load_processor(str(tmp_path / "export"), AutoTokenizer.from_pretrained(tmp_path / "export"))

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import reasoning_gym
 
-from verl_core.data import DataError, check_data_source, load_rows
+from verl_data import DataError, check_data_source, load_rows
 from verl_core.registry import PluginRegistry
 
 from verl_reasoning_gym.tasks import (DATA_SOURCE, TEST_SEED, ReasoningGymReward, mixture_rows, parse_tasks,

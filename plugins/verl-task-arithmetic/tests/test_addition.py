@@ -50,7 +50,7 @@ def test_a_fresh_model_generates_within_the_budget():
 
 
 def test_the_builtin_names_resolve_through_the_registry(registry):
-    from verl_core.data import load_rows
+    from verl_data import load_rows
 
     assert registry.load("model", "tiny-qwen2-addition") is TinyQwen2Addition
     assert registry.info("dataset", "addition").distribution == "verl-task-arithmetic"
@@ -63,7 +63,7 @@ def test_the_builtin_names_resolve_through_the_registry(registry):
 
 
 def test_preference_pairs_prefer_the_sum_to_a_near_miss(registry):
-    from verl_core.data import load_rows
+    from verl_data import load_rows
 
     assert Addition.formats == ("prompts", "preference_pairs")
     pairs = load_rows("builtin:addition", split="train", registry=registry, format="preference_pairs")

@@ -1,7 +1,7 @@
 """Offline batches: responses taken from the data instead of generated.
 
 The preference algorithms (DPO, KTO, ORPO) and SPIN train on responses the data set provides.
-Every prompt row keeps its raw columns under ``row["raw"]`` (see :func:`verl_core.data.tokenize_rows`);
+Every prompt row keeps its raw columns under ``row["raw"]`` (see :func:`verl_data.rows.render_rows`);
 the functions here turn those columns into token ids and lay them out as a
 :class:`~verl_core.batch.Batch` of two-row groups, so that the usual nodes (reference log-probs,
 actor update) work on them unchanged.
@@ -132,7 +132,7 @@ def write_addition_preferences(path: str | Path, *, rows: int = 2000, seed: int 
     Returns:
         The path written.
     """
-    from verl_core.kit import load_rows
+    from verl_data import load_rows
 
     rng = random.Random(seed)
     train = load_rows("builtin:addition", split="train")

@@ -12,20 +12,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from verl_core.boundary import Boundary, plugin_label
-from verl_core.config import Config, ConfigError, config_to_dict, resolve_config
-from verl_core.data import HUB_ID, PromptSampler, build_datasets, check_data_source
-from verl_core.contracts import ModelSpec, Role
-from verl_core.multimodal import load_processor
+from verl_core.boundary import Boundary, check_prompt_rows, plugin_label
+from verl_core.config import HUB_ID, Config, ConfigError, config_to_dict, plugin_for_key, resolve_config
+from verl_core.contracts import DataReader, ModelSpec, Role
 from verl_core.progress import Progress
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal
 from verl_core.rundir import open_run_dir
 from verl_core.run_model import check_same_model, stand_in, write_run_models
+from verl_core.sampler import PromptSampler
 
 __all__ = ["resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "with_objects",
-           "open_model", "load_prompts", "make_backend", "check_roles", "load_tokenizer", "pad_with_eos", "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
-           "reusable_old_log_probs", "start_reward_model", "load_data"]
+           "open_model", "load_prompts", "make_backend", "check_roles", "load_tokenizer", "pad_with_eos",
+           "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
+           "reusable_old_log_probs", "start_reward_model", "data_reader", "load_data", "vocab_size"]
 
 
 def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
@@ -209,8 +209,9 @@ def check_sources(t: Any, model_path: str, tok_path: str) -> None:
                                              "too, or set model.tokenizer to a tokenizer directory")
     if t.tokenizer is None and cfg.model.tokenizer:
         check_model_source(tok_path, "model.tokenizer", need_config=False, argument="tokenizer")
+    reader = data_reader(t.registry, cfg.data.reader)
     for key, spec in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
-        check_data_source(spec, key, t.registry)
+        reader.check(spec, key, t.registry)
 
 
 def critic_spec(t: Any, needed: bool) -> ModelSpec:
@@ -250,15 +251,20 @@ def model_config(t: Any) -> dict[str, Any] | None:
 def make_boundary(t: Any) -> Boundary:
     """The checks on what this run's plugins return, with their names (one per rollout engine)."""
     cfg, label = t.config, functools.partial(plugin_label, t.registry)
+    return Boundary(rollout=label("rollout", cfg.rollout.name), scorer=label("scorer", cfg.reward.name),
+                    environment=label("environment", cfg.environment.name) if cfg.environment.name else "",
+                    algorithm=label("algorithm", cfg.algorithm.name), vocab_size=vocab_size(t),
+                    on_invalid=getattr(cfg.reward.config, "on_invalid", "stop"))
+
+
+def vocab_size(t: Any) -> int:
+    """Token ids the policy of trainer ``t`` takes: its tokenizer's, or its model's embedding rows where more."""
     vocab = len(t.tokenizer)
     config = model_config(t) or {}
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         # A model may have more embedding rows than its tokenizer has tokens (Qwen: 151,936 and 151,665).
         vocab = max(vocab, int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0))
-    return Boundary(rollout=label("rollout", cfg.rollout.name), scorer=label("scorer", cfg.reward.name),
-                    environment=label("environment", cfg.environment.name) if cfg.environment.name else "",
-                    algorithm=label("algorithm", cfg.algorithm.name), vocab_size=vocab,
-                    on_invalid=getattr(cfg.reward.config, "on_invalid", "stop"))
+    return vocab
 
 
 def reusable_old_log_probs(t: Any) -> bool:
@@ -286,10 +292,20 @@ def start_reward_model(t: Any, backend: Any, path: str) -> None:
     t.reward.attach_reward_model(group, tokenizer)
 
 
+def data_reader(registry: Any, name: str) -> DataReader:
+    """The data reader ``data.reader`` names, built; an unknown name's error starts with ``data.reader``."""
+    return plugin_for_key(registry, "data_reader", name, "data.reader")()
+
+
 def load_data(t: Any, format: str = "prompts") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    processor = load_processor(t.model_spec.path, t.tokenizer)
-    train, val, t.data_stats = build_datasets(t.config.data, t.tokenizer, t.registry, format=format,
-                                                 processor=processor)
+    """Trainer ``t``'s training and validation rows, read by its data reader (``format``: the algorithm's
+    :attr:`~verl_core.contracts.Requirements.data`) and checked once, where they enter the core."""
+    cfg = t.config
+    train, val, t.data_stats = data_reader(t.registry, cfg.data.reader).load(
+        cfg.data, t.tokenizer, model_path=t.model_spec.path, registry=t.registry, format=format)
+    source, vocab = plugin_label(t.registry, "data_reader", cfg.data.reader), vocab_size(t)
+    for split, rows in (("training", train), ("validation", val)):
+        check_prompt_rows(rows, source=source, split=split, vocab_size=vocab)
     check_rollout_multi_modal(t.registry.load("rollout", t.config.rollout.name), t.config.rollout.name,
                               [*train, *val])
     return train, val

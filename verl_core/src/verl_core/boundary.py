@@ -2,7 +2,7 @@
 
 Environments, reward scorers and rollout engines are other people's code. A NaN reward, a string
 where a number belongs, an observation that is text instead of messages, a token id outside the
-vocabulary: each would otherwise be trained on, silently. Each check here raises
+vocabulary, a prompt row without its token ids: each would otherwise be trained on, silently. Each check here raises
 :class:`PluginOutputError` naming the plugin (its kind, entry-point name and distribution), the
 step and row, what was expected and what came. After these checks the core trusts its own types.
 
@@ -23,7 +23,7 @@ import torch
 from verl_core.contracts import RolloutOutput, StepResult
 
 __all__ = ["Boundary", "PluginOutputError", "plugin_label", "check_messages", "check_step_result", "check_scores",
-           "check_rollout_output", "check_advantages", "finite_rows", "ON_INVALID"]
+           "check_rollout_output", "check_advantages", "check_prompt_rows", "finite_rows", "ON_INVALID"]
 
 #: ``reward.on_invalid`` values: stop the run at a non-finite reward, or drop the rows and go on.
 ON_INVALID = ("stop", "skip")
@@ -70,22 +70,52 @@ def _show(value: Any, limit: int = 120) -> str:
     return f"{type(value).__name__} {text if len(text) <= limit else text[:limit] + '...'}"
 
 
-def _fail(source: str, where: str, expected: str, value: Any) -> PluginOutputError:
-    return PluginOutputError(f"{source} returned {_show(value)} {where}; expected {expected}. Nothing from this "
-                             f"step was trained on; fix the plugin")
+def _fail(source: str, where: str, expected: str, value: Any, *,
+          outcome: str = "Nothing from this step was trained on") -> PluginOutputError:
+    return PluginOutputError(f"{source} returned {_show(value)} {where}; expected {expected}. {outcome}; "
+                             f"fix the plugin")
 
 
-def check_messages(value: Any, *, source: str, where: str) -> list[dict[str, Any]]:
+def check_messages(value: Any, *, source: str, where: str, **outcome: str) -> list[dict[str, Any]]:
     """Chat messages: a list of dicts, each with a string ``role`` and a ``content`` that is a string
     (or a list of content parts, for images)."""
     expected = "a list of chat messages, each a dict with a str 'role' and a str 'content'"
     if not isinstance(value, list):
-        raise _fail(source, where, expected, value)
+        raise _fail(source, where, expected, value, **outcome)
     for i, message in enumerate(value):
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), (str, list))):
-            raise _fail(source, f"{where} (message {i})", expected, message)
+            raise _fail(source, f"{where} (message {i})", expected, message, **outcome)
     return value
+
+
+def check_prompt_rows(rows: Any, *, source: str, split: str, vocab_size: int) -> list[dict[str, Any]]:
+    """A data reader's rows of ``split``: a list of dicts, each with the fields the core reads
+    (:class:`~verl_core.contracts.DataReader`), ``prompt_ids`` non-empty token ids in ``[0, vocab_size)``."""
+    outcome = "Nothing was trained"
+    if not isinstance(rows, list):
+        raise _fail(source, f"as the {split} rows", "a list of row dicts", rows, outcome=outcome)
+    for i, row in enumerate(rows):
+        where = f"{split} row {i}"
+        if not isinstance(row, dict):
+            raise _fail(source, f"as {where}", "a dict with prompt_ids, prompt_text, data_source, ...", row,
+                        outcome=outcome)
+        ids = row.get("prompt_ids")
+        if not isinstance(ids, list) or not ids or not (set(map(type, ids)) <= {int} or all(
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in ids)):
+            raise _fail(source, f"as prompt_ids of {where}", "a non-empty list of int token ids (a PromptIds for a "
+                        "prompt with images)", ids, outcome=outcome)
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise _fail(source, f"as prompt_ids of {where}", f"token ids in [0, {vocab_size}), the model's vocabulary",
+                        [v for v in ids if not 0 <= v < vocab_size][:5], outcome=outcome)
+        for key, kind, expected in (("data_source", str, "a non-empty str (it picks the reward)"),
+                                    ("prompt_text", str, "a str (the rendered prompt)"),
+                                    ("extra_info", dict, "a dict"), ("raw", dict, "a dict (the row's columns)")):
+            if not isinstance(row.get(key), kind) or (key == "data_source" and not row[key]):
+                raise _fail(source, f"as {key} of {where}", expected, row.get(key), outcome=outcome)
+        check_messages(row.get("prompt_messages"), source=source, where=f"as prompt_messages of {where}",
+                       outcome=outcome)
+    return rows
 
 
 def _is_real(value: Any) -> bool:

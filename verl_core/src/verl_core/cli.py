@@ -30,9 +30,8 @@ RUN_FAILED_EXIT = 1
 def _user_errors() -> tuple[type[BaseException], ...]:
     from verl_core.checkpoint import CheckpointError
     from verl_core.config import ConfigError
-    from verl_core.data import DataError
     from verl_core.registry import PluginError
-    from verl_core.contracts import RewardError
+    from verl_core.contracts import DataError, RewardError
 
     return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError, RewardError)
 

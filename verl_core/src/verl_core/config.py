@@ -171,6 +171,8 @@ class ModelConfig:
 #: ``data.train`` / ``data.val`` = ``"<provider>:<argument>"`` (:meth:`~verl_core.contracts.DatasetProvider.from_spec`);
 #: not ``builtin:``, URLs or paths (a local file ``a:b.jsonl`` is written ``./a:b.jsonl``).
 GENERATED_DATA = re.compile(r"^(?!builtin:)([A-Za-z][\w.-]*):(?![/\\])(.+)$")
+#: "owner/name" on the Hugging Face Hub (a model or dataset path that does not exist locally and has this shape).
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -178,6 +180,8 @@ class DataConfig:
     """Prompts for training and validation.
 
     Attributes:
+        reader: the ``verl.data_readers`` plugin that reads and renders the prompts
+            (:class:`~verl_core.contracts.DataReader`); ``"standard"`` (verl-data) reads the forms below.
         train: ``builtin:addition``, a parquet / jsonl / json file, a local Hugging Face dataset directory
             (``save_to_disk`` or a folder of data files), or a Hub dataset id where a network exists.
         val: validation data in the same forms (default: the built-in task's test split, or none).
@@ -199,13 +203,14 @@ class DataConfig:
             malformed prompt, a prompt over the limit with ``overlong="error"``) skipped per source and
             counted in ``data/<train|val>_bad_rows``; one more stops the run naming them (0: the first stops it).
         image_key: column with each row's images (encoded bytes, ``{"bytes", "path"}`` dicts or file paths),
-            placed where the prompt says ``<image>`` or has a ``{"type": "image"}`` part (verl_core.multimodal).
+            placed where the prompt says ``<image>`` or has a ``{"type": "image"}`` part (verl_data.images).
         max_image_pixels: images with more pixels (width x height) are bad rows (see ``max_bad_rows``).
         size: training rows a generated dataset makes (``train = "<provider>:<argument>"``, a ``verl.datasets``
             provider that takes an argument, e.g. ``reasoning_gym:chain_sum``; 0: the provider's default).
         val_size: validation rows a generated dataset makes (``val``, or ``train`` when ``val`` is empty).
     """
 
+    reader: str = "standard"
     train: str = "builtin:addition"
     val: str = ""
     train_split: str = "train"
@@ -478,7 +483,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         name = values.pop(spec.key, spec.default)
         if not isinstance(name, str) or (not name and spec.default):
             raise ConfigError(f"{section}.{spec.key}", "must be a plugin name")
-        plugin = _section_plugin(registry, spec, name, f"{section}.{spec.key}") if name else None
+        plugin = plugin_for_key(registry, spec.plugin_kind, name, f"{section}.{spec.key}") if name else None
         config_cls = getattr(plugin, "Config", None)
         if config_cls is None:
             if values:
@@ -500,12 +505,12 @@ def _steps_note(user: Mapping[str, Any]) -> str:
             f"run.max_steps={run['max_steps']!r} is not used (set run.epochs=0 to count steps instead)")
 
 
-def _section_plugin(registry: Any, spec: ConfigSection, name: str, key: str) -> Any:
-    """The plugin a section's ``key`` names; an unknown name's error starts with that key."""
+def plugin_for_key(registry: Any, kind: str, name: str, key: str) -> Any:
+    """The ``kind`` plugin the config ``key`` names; an unknown name's error starts with that key."""
     from verl_core.registry import UnknownPluginError
 
     try:
-        return registry.load(spec.plugin_kind, name)
+        return registry.load(kind, name)
     except UnknownPluginError as exc:
         raise UnknownPluginError(f"{key}: {exc}", kind=exc.kind, name=exc.name, installed=exc.installed,
                                  suggestions=exc.suggestions, install_hint=exc.install_hint) from None
@@ -518,7 +523,7 @@ def _with_source_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[Mappin
     mode = trainer.get("mode", CORE_SECTIONS["trainer"].default)
     if not isinstance(mode, str) or not mode:
         return raw, ""  # the section's own check names the bad value
-    source = _section_plugin(registry, CORE_SECTIONS["trainer"], mode, "trainer.mode")
+    source = plugin_for_key(registry, "step_source", mode, "trainer.mode")
     recommended, note = source.defaults(raw, registry)
     if not recommended:
         return raw, ""
@@ -535,7 +540,7 @@ def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str
     name = env.get("name")
     if not name or not isinstance(name, str):
         return raw
-    environment = _section_plugin(registry, CORE_SECTIONS["environment"], name, "environment.name")
+    environment = plugin_for_key(registry, "environment", name, "environment.name")
     task = getattr(environment, "task", None) or {}
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     for section, values in task.items():

@@ -159,11 +159,11 @@ def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
     """Check ``cfg`` as :meth:`Trainer.setup` does up to the first worker, and describe the run.
 
     Raises what the run would raise before step 1 (:class:`~verl_core.config.ConfigError`,
-    :class:`~verl_core.data.DataError`, :class:`~verl_core.registry.PluginError`, ...), with its message.
+    :class:`~verl_core.contracts.DataError`, :class:`~verl_core.registry.PluginError`, ...), with its message.
     A ``builtin:`` model is built on first use, as the run builds it (later runs find it cached).
     """
     from verl_core.checkpoint import CheckpointManager
-    from verl_core.data import PromptSampler
+    from verl_core.sampler import PromptSampler
     from verl_core.dataflow import DataflowBuilder
     from verl_core.hooks import build_plugin_manager
     from verl_core.contracts import ModelSpec

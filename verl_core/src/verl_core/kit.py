@@ -18,10 +18,9 @@ from typing import Any
 _EXPORTS: dict[str, tuple[str, str]] = {
     **{n: ("verl_core.boundary", n) for n in ("Boundary", "check_messages", "check_step_result")},
     **{n: ("verl_core.checkpoint", n) for n in ("CheckpointError", "CheckpointManager", "pid_alive")},
-    **{n: ("verl_core.data", n) for n in ("DataError", "load_rows", "render_rows")},
+    "DataError": ("verl_core.contracts", "DataError"),
     **{n: ("verl_core.dataflow", n) for n in ("BATCH", "EXTRAS_PREFIX", "DataflowBuilder")},
     **{n: ("verl_core.hooks", n) for n in ("hookimpl",)},
-    **{n: ("verl_core.multimodal", n) for n in ("ImageTextProcessor",)},
     **{n: ("verl_core.progress", n) for n in ("Progress",)},
     "BASELINE": ("verl_core.rollout_stage", "BASELINE"),
     "run_rollout_stage": ("verl_core.rollout_stage", "run"),

@@ -15,7 +15,7 @@ from verl_core.assembly import _without_v1_algorithm_keys
 from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
 from verl_core.config import Config, apply_overrides, config_to_dict, dump_toml, load_raw_config, resolve_config
 from verl_core.contracts import WorkerFailedError
-from verl_core.data import PromptSampler
+from verl_core.sampler import PromptSampler
 from verl_core.run_model import copy_overrides
 from verl_core.rollout_utils import sync_rollout_weights
 

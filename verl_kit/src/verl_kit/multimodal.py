@@ -3,7 +3,7 @@ its vision token ids, and which ``transformers`` class builds it.
 
 What a backend or a rollout engine needs to run a vision-language policy (the FSDP backend, the
 Hugging Face rollout, the vision environment). The data side (decoding images, rendering chat and
-images into token ids) is the core's :mod:`verl_core.multimodal`; a prompt's images reach a batch as
+images into token ids) is verl-data's :mod:`verl_data.images`; a prompt's images reach a batch as
 its :attr:`~verl_core.batch.Batch.multi_modal_inputs`, which :func:`vision_forward_inputs` hands to
 the model.
 """

@@ -201,7 +201,7 @@ def build_model(tokenizer: Any, *, seed: int = SEED) -> Any:
 
 def _encode_rows(processor: Any, rows: Sequence[dict]) -> list[dict]:
     """Rows rendered as the data stage renders them (a PromptIds with its images), for the warm start."""
-    from verl_core.kit import render_rows
+    from verl_data import render_rows
 
     out, _ = render_rows(rows, processor.tokenizer, processor=processor, max_prompt_length=128, source="warm start")
     return out
@@ -290,7 +290,7 @@ def _blanked(rows: Sequence[dict]) -> list[dict]:
 
 def build_untrained(path: str | os.PathLike) -> Any:
     """Write the untrained model, tokenizer and image processor to ``path``; returns the processor."""
-    from verl_core.kit import ImageTextProcessor
+    from verl_data import ImageTextProcessor
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)

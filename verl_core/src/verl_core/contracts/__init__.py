@@ -4,8 +4,8 @@
 
 Each extension kind has one uniform interface with keyword-only arguments over the typed
 :class:`~verl_core.batch.Batch`: training backends (worker roles), rollout engines, algorithms, rewards,
-environments, executors, step sources and config formats. The controller talks to plugins only through
-these, so it never needs to know which plugin it drives. The conformance suites in
+environments, executors, step sources, config formats and data readers. The controller talks to plugins
+only through these, so it never needs to know which plugin it drives. The conformance suites in
 :mod:`verl_core.testing` check an implementation against them.
 """
 
@@ -19,6 +19,7 @@ from verl_core.contracts.executor import ExecutorConfig, WorkerFailedError, Work
 from verl_core.contracts.providers import ModelProvider, DatasetProvider
 from verl_core.contracts.config_format import ConfigFormat
 from verl_core.contracts.step_source import SourcedStep, StepSource, StepSourceConfig
+from verl_core.contracts.data import DataError, DataReader
 
 __all__ = [
     "Role",
@@ -66,4 +67,6 @@ __all__ = [
     "SourcedStep",
     "StepSource",
     "StepSourceConfig",
+    "DataError",
+    "DataReader",
 ]

@@ -1,11 +1,11 @@
-"""Prompt data: every source format, both row shapes, chat templates, overlong prompts, resumable order."""
+"""Prompt data: every source format, both row shapes, chat templates, overlong prompts."""
 
 import json
 
 import pytest
 
 from verl_core.config import DataConfig
-from verl_core.data import DataError, PromptSampler, build_datasets, load_rows, render_rows
+from verl_data import DataError, build_datasets, load_rows, render_rows
 from verl_core.testing import build_byte_tokenizer
 
 VERL_ROWS = [
@@ -51,7 +51,7 @@ def test_files_are_read_without_the_datasets_library(tmp_path):
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2", "extra": {"k": 1}}]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")  # a trailing blank line is fine
-    code = ("import sys; from verl_core.data import load_rows; "
+    code = ("import sys; from verl_data import load_rows; "
             f"rows = load_rows({str(path)!r}); print(rows); assert 'datasets' not in sys.modules, 'datasets imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -178,34 +178,3 @@ def test_build_datasets_reports_counts(tmp_path, tokenizer, caplog):
     assert stats["data/train_overlong_dropped"] == 1.0 and stats["data/val_overlong_dropped"] == 1.0
     assert stats["data/train_prompts"] == 2.0
     assert "dropped 1 of 3 training prompts longer than data.max_prompt_length=20" in caplog.text
-
-
-def test_sampler_resumes_mid_epoch_and_at_an_epoch_boundary():
-    def draws(sampler, n):
-        return [sampler.next_batch() for _ in range(n)]
-
-    full = PromptSampler(10, 5, seed=3)
-    expected = draws(full, 6)  # 3 epochs of 2 batches
-    assert sorted(expected[0] + expected[1]) == list(range(10))
-    assert expected[:2] != expected[2:4]  # each epoch is reshuffled
-
-    for stop in (1, 2, 4):  # mid-epoch, exactly at the end of epoch 0, at the end of epoch 1
-        first = PromptSampler(10, 5, seed=3)
-        draws(first, stop)
-        state = json.loads(json.dumps(first.state_dict()))  # as written to trainer_state.json
-        resumed = PromptSampler(10, 5, seed=3)
-        resumed.load_state_dict(state)
-        rest = draws(resumed, 6 - stop)
-        assert rest == expected[stop:], stop
-        assert rest, "resuming at an epoch boundary must continue, not run zero steps"
-    assert resumed.epoch == 2
-
-    with pytest.raises(DataError, match="resume with the same data"):
-        PromptSampler(12, 5, seed=3).load_state_dict(state)
-
-
-def test_a_batch_larger_than_the_data_says_what_to_set():
-    with pytest.raises(DataError, match=r"data.batch_size=64 is larger than the 10 training prompts; set "
-                                        r"data.batch_size <= 10 \(each prompt is still sampled rollout.n times\)"):
-        PromptSampler(10, 64, seed=0)
-    assert len(PromptSampler(10, 10, seed=0).next_batch()) == 10

@@ -1,4 +1,4 @@
-"""Prompt data: loading rows, rendering prompts to token ids, and a resumable sampling order.
+"""Prompt data: loading rows and rendering prompts to token ids (the ``standard`` data reader's work).
 
 Rows are read from a parquet / jsonl / json file (with ``pyarrow`` / the ``json`` module), or with
 the ``datasets`` library from a local Hugging Face dataset directory (``save_to_disk`` output, or a
@@ -20,34 +20,26 @@ the run, naming the row, or with ``data.max_bad_rows = N`` up to N of them per s
 counted (``data/<split>_bad_rows``).
 
 Rows with images (``data.image_key``, ``<image>`` placeholders or ``{"type": "image"}`` content parts)
-are rendered by the model's image-text processor (:mod:`verl_core.multimodal`); their ``prompt_ids`` is a
+are rendered by the model's image-text processor (:mod:`verl_data.images`); their ``prompt_ids`` is a
 :class:`~verl_core.contracts.PromptIds` carrying the images. A model without one refuses them.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
-from verl_core.config import GENERATED_DATA
+from verl_core.config import GENERATED_DATA, HUB_ID
+from verl_core.contracts import DataError
 
 __all__ = ["load_rows", "check_data_source", "generated_provider", "tokenize_rows", "render_rows", "build_datasets",
-           "PromptStats", "PromptSampler", "DataError", "OVERLONG_MODES"]
+           "PromptStats", "DataError", "OVERLONG_MODES"]
 
 logger = logging.getLogger("verl.data")
 
 OVERLONG_MODES = ("filter", "truncate_left", "truncate_right", "truncate_middle", "error")
-# "owner/name" on the Hugging Face Hub (a path that does not exist locally and has this shape).
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-class DataError(ValueError):
-    """Data that cannot be used, with the file and the fix."""
 
 
 # ----------------------------------------------------------------------------- loading
@@ -331,7 +323,7 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
     ``overlong="error"``) a prompt that is too long are skipped and counted; ``bad`` are the
     unreadable lines the loader already skipped, counted against the same limit.
 
-    Rows with images need ``processor`` (:func:`verl_core.multimodal.load_processor`); a corrupt
+    Rows with images need ``processor`` (:func:`verl_data.images.load_processor`); a corrupt
     image, or one of more than ``max_image_pixels`` pixels, makes a bad row. A prompt with images
     that is too long is dropped (``overlong="filter"`` or a truncation: cutting would cut images) or
     a bad row (``"error"``).
@@ -432,10 +424,10 @@ def _images_of(row: dict[str, Any], index: int, messages: list[dict[str, Any]], 
                source: str, max_image_pixels: int, stats: PromptStats, limit: int) -> Any:
     """For a row with images: ``(messages with image parts, PromptIds, rendered text)``; ``(None,)`` for a
     text-only row; ``None`` for a bad row that was skipped and counted."""
-    from verl_core import multimodal
+    from verl_data import images as mm
 
-    raw = multimodal.row_images(row, image_key)
-    parts, placeholders = multimodal.image_messages(messages)
+    raw = mm.row_images(row, image_key)
+    parts, placeholders = mm.image_messages(messages)
     if not raw and not placeholders:
         return (None,)
     if processor is None:
@@ -444,8 +436,8 @@ def _images_of(row: dict[str, Any], index: int, messages: list[dict[str, Any]], 
                         f"(e.g. builtin:tiny-qwen2-vl), or drop the {image_key!r} column for a text-only run")
     base = Path(source).expanduser().parent if Path(source).expanduser().is_file() else None
     try:
-        images = [multimodal.decode_image(v, max_pixels=max_image_pixels or multimodal.DEFAULT_MAX_IMAGE_PIXELS,
-                                          base_dir=base) for v in raw]
+        images = [mm.decode_image(v, max_pixels=max_image_pixels or mm.DEFAULT_MAX_IMAGE_PIXELS, base_dir=base)
+                  for v in raw]
         prompt, text = processor.encode(parts, images)
     except ValueError as exc:
         stats.skip_bad(f"row {index}: {exc}", source=source, limit=limit)
@@ -470,7 +462,7 @@ def build_datasets(config: Any, tokenizer: Any, registry: Any = None, *, format:
 
     ``format`` is the algorithm's :attr:`~verl_core.contracts.Requirements.data`, asked of a ``builtin:``
     training set (validation always generates from prompts); ``processor`` renders rows with images
-    (:func:`verl_core.multimodal.load_processor`). Returns ``(train_rows, val_rows, stats)``;
+    (:func:`verl_data.images.load_processor`). Returns ``(train_rows, val_rows, stats)``;
     ``stats`` holds ``data/...`` counts for the metrics. Dropped and truncated prompts are also reported
     on the ``verl.data`` logger.
     """
@@ -517,47 +509,3 @@ def _report(config: Any, what: str, stats: PromptStats) -> None:
     if stats.missing_ground_truth:
         logger.warning("data: %d %s rows have no reward_model.ground_truth and no %r column (set data.answer_key "
                        "if the answer is in another column)", stats.missing_ground_truth, what, config.answer_key)
-
-
-# ----------------------------------------------------------------------------- sampling order
-class PromptSampler:
-    """Seeded, epoch-wise shuffled batches of prompt indices whose position can be saved.
-
-    The order of epoch ``e`` depends only on ``(seed, e)``, so a resumed run draws exactly the
-    prompts the uninterrupted run would have, including across an epoch boundary. A short last
-    batch is dropped.
-    """
-
-    def __init__(self, size: int, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
-        if batch_size > size:
-            raise DataError(f"data.batch_size={batch_size} is larger than the {size} training prompts; set "
-                            f"data.batch_size <= {size} (each prompt is still sampled rollout.n times), or give "
-                            f"more training data")
-        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
-        self.epoch, self.position = 0, 0
-        self._order = self._make_order()
-
-    def _make_order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.size))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.size, generator=g).tolist()
-
-    def next_batch(self) -> list[int]:
-        if self.position + self.batch_size > self.size:
-            self.epoch += 1
-            self.position = 0
-            self._order = self._make_order()
-        idx = self._order[self.position:self.position + self.batch_size]
-        self.position += self.batch_size
-        return idx
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "size": self.size}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state.get("size") != self.size:
-            raise DataError(f"checkpoint was taken with {state.get('size')} training prompts; the data now has "
-                            f"{self.size}; resume with the same data")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._make_order()
