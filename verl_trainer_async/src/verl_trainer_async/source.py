@@ -127,8 +127,10 @@ class AsyncSource(StepSource):
 
     # -------------------------------------------------------------------- the run
     def __init__(self, config: AsyncConfig, *, trainer: Any,
-                 resumed: tuple[Path, Mapping[str, Any]] | None = None) -> None:
+                 resumed: tuple[Path, Mapping[str, Any]] | None = None, mode: str | None = None) -> None:
         super().__init__(config, trainer=trainer, resumed=resumed)
+        #: The mode this source runs: ``trainer.mode``, or the one ``auto`` handed over to (:mod:`.auto`).
+        self.mode = mode or trainer.config.trainer.name
         buffered: list[ProducedBatch] = []
         drops = (0, 0)
         if resumed is not None and resumed[1].get("async"):
@@ -156,7 +158,7 @@ class AsyncSource(StepSource):
             # The run's engine samples from the actor's live module, which each update changes in place:
             # the producer gets its own copy of the weights, kept in step by the published versions.
             engine_cls = t.registry.load("rollout", cfg.rollout.name)
-            if cfg.trainer.name == "colocate_async" and self.config.producer == "process":
+            if self.mode == "colocate_async" and self.config.producer == "process":
                 from verl_trainer_async.engine_host import HostedEngine
 
                 # Its own process, so that generation and the update really run at once (trainer.producer).
@@ -220,7 +222,7 @@ class AsyncSource(StepSource):
         items, in_flight = self.producer.pending(finish_older_than=self.trainer.step)
         self._pending = items
         state: dict[str, Any] = {"async": {
-            "mode": self.trainer.config.trainer.name, "in_flight": in_flight,
+            "mode": self.mode, "in_flight": in_flight,
             "buffered": [{"seq": i.seq, "version": i.version, "prompt_indices": i.prompt_indices} for i in items],
             "dropped_samples": self.producer.dropped_samples, "dropped_batches": self.producer.dropped_batches}}
         if self.trained is not None:  # the sampler as it was after the prompts this step trained
