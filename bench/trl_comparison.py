@@ -25,6 +25,10 @@ Configurations, each in a fresh process, alternated over rounds so that machine 
   Their records add the producer's generation interval and the trainer's wait, for the async tables and
   ``<results>_timeline.png``. ``--workload small`` (0.5M parameters, 8 x 8 samples, with
   ``--max-new-tokens 8``) is the workload where per-step overhead shows.
+* ``trainer.mode = "auto"`` (issue 33): ``ours-hf-auto`` (one thread, next to ``ours-hf`` and ``ours-hf-async-1+1``)
+  and ``ours-hf-2t-auto`` (two, next to ``ours-hf-2t`` and ``ours-hf-async``): sync steps measured, then sync or
+  ``colocate_async``; each run records what it picked. Give ``--warmup`` more than ``trainer.auto_steps + 1``
+  (4 by default) so the timed steps come after the choice.
 * bf16 on two cores: ``ours-hf-2t-bf16``, ``ours-hf-async-bf16`` (``backend.autocast`` and ``rollout.autocast = "bfloat16"``) and
   ``trl-hf-2t-bf16`` (``bf16=True``): every forward under bf16 autocast, generation included.
 
@@ -68,7 +72,7 @@ from machine import bf16_flags, cpu_name  # noqa: E402 - bench/machine.py
 RESULTS = HERE / "results"
 CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm",
            "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread", "ours-vllm-async", "trl-hf-2t",
-           "ours-hf-2t-bf16", "ours-hf-async-bf16", "trl-hf-2t-bf16")
+           "ours-hf-2t-bf16", "ours-hf-async-bf16", "trl-hf-2t-bf16", "ours-hf-auto", "ours-hf-2t-auto")
 USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm", "ours-vllm-async"}
 # What each framework configuration is compared with: its own floor (same rollout engine).
 FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-hf", "trl-vllm": "floor-vllm"}
@@ -81,17 +85,19 @@ FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-h
 #: "-async-thread" keeps the producer in a thread of the trainer's process (the two then share one torch
 #: pool, one thread each). "ours-vllm-async": the trainer's one thread next to vLLM's engine process.
 TWO_CORES = {"ours-hf-2t": 2, "ours-hf-async": 2, "ours-hf-async-1+1": 1, "ours-hf-async-thread": 2,
-             "ours-vllm-async": 1, "trl-hf-2t": 2, "ours-hf-2t-bf16": 2, "ours-hf-async-bf16": 2, "trl-hf-2t-bf16": 2}
+             "ours-vllm-async": 1, "trl-hf-2t": 2, "ours-hf-2t-bf16": 2, "ours-hf-async-bf16": 2, "trl-hf-2t-bf16": 2,
+             "ours-hf-2t-auto": 2}
 #: "-bf16": the forwards under bf16 autocast, generation included (ours: backend.autocast and rollout.autocast;
 #: TRL: bf16=True, accelerate's autocast around the model's forward, which generate() calls too), weights,
 #: gradients and optimizer state in float32.
 BF16 = ("backend.autocast=\"bfloat16\"", "rollout.autocast=\"bfloat16\"")
 ASYNC = ("trainer.mode=\"colocate_async\"", "trainer.max_staleness=1")
+AUTO = ("trainer.mode=\"auto\"",)
 #: Extra overrides of a configuration.
 EXTRA = {"ours-hf-async-thread": ("trainer.producer=\"thread\"",), "ours-hf-async-1+1": ("trainer.producer_threads=1",),
-         "ours-hf-2t-bf16": BF16, "ours-hf-async-bf16": BF16}
+         "ours-hf-2t-bf16": BF16, "ours-hf-async-bf16": BF16, "ours-hf-auto": AUTO, "ours-hf-2t-auto": AUTO}
 OURS = ("ours-hf", "ours-vllm", "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread",
-        "ours-vllm-async", "ours-hf-2t-bf16", "ours-hf-async-bf16")
+        "ours-vllm-async", "ours-hf-2t-bf16", "ours-hf-async-bf16", "ours-hf-auto", "ours-hf-2t-auto")
 TRL = ("trl-hf", "trl-vllm", "trl-hf-2t", "trl-hf-2t-bf16")
 
 # ----------------------------------------------------------------------------- the workload
@@ -267,6 +273,7 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
         for _ in range(steps):
             trainer.step += 1
             m = trainer.run_step()
+            trainer.hooks.hook.verl_step_end(step=trainer.step, metrics=m)  # as the trainer's loop does (auto reads it)
             now = time.perf_counter()
             record = {"seconds": now - last, "reward": m["reward/mean"], "response_length": m["response_length/mean"],
                       "generate": m.get("timing/generate", 0.0), "update": m.get("timing/update_actor", 0.0),
@@ -274,6 +281,8 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
                       "sync": m.get("timing/sync_weights", 0.0), "reward_seconds": m.get("timing/reward", 0.0),
                       "model_seconds": sum(m.get(k, 0.0) for k in MODEL_TIMINGS),
                       "trained_from": [last - origin, now - origin]}
+            if "auto/overlapped" in m:  # trainer.mode = "auto" chose before this step
+                record["auto_overlapped"] = m["auto/overlapped"]
             if overlapped:
                 item = trainer.source.trained
                 record.update(wait=m["async/wait_for_batch_s"], staleness=m["async/staleness"],
@@ -802,6 +811,15 @@ def report(state: dict, results_path: Path) -> None:
           ">= 1.3x (same engine, same 2 cores, bf16)")
     ratio("samples/s, ours-hf-2t-bf16 / ours-hf-2t", "ours-hf-2t-bf16", "ours-hf-2t", "samples_per_s", "(bf16 autocast)")
     ratio("samples/s, trl-hf-2t-bf16 / trl-hf-2t", "trl-hf-2t-bf16", "trl-hf-2t", "samples_per_s", "(bf16 autocast)")
+    if any(n.endswith("-auto") for n in summary):
+        ratio("samples/s, ours-hf-auto / ours-hf", "ours-hf-auto", "ours-hf", "samples_per_s",
+              "never slower than sync beyond noise (one thread)")
+        ratio("samples/s, ours-hf-async-1+1 / ours-hf", "ours-hf-async-1+1", "ours-hf", "samples_per_s",
+              "(colocate_async, one thread each side)")
+        ratio("samples/s, ours-hf-2t-auto / ours-hf-2t", "ours-hf-2t-auto", "ours-hf-2t", "samples_per_s",
+              "never slower than sync beyond noise (two threads)")
+        ratio("samples/s, ours-hf-2t-auto / ours-hf-async", "ours-hf-2t-auto", "ours-hf-async", "samples_per_s",
+              "(against colocate_async, two threads)")
     best = best_of_rounds(state)
     if best:
         each = ", ".join(f"{b:.2f} ({o} / {t})" for b, o, t in best)
@@ -824,6 +842,13 @@ def report(state: dict, results_path: Path) -> None:
             each = ", ".join(f"{x * 100:+.1f}%" for x in overs)
             lines.append(f"| {name} | {floor} | {_median(overs) * 100:+.1f}% | {each} | {target} |")
     lines += async_tables(state, summary)
+    picks = [(r["round"], r["config"], next((st["auto_overlapped"] for st in r["steps"] if "auto_overlapped" in st), None))
+             for r in state["runs"] if r["config"].endswith("-auto") and "steps" in r]
+    if picks:
+        lines += ["", "What `trainer.mode = \"auto\"` picked (after its measured sync steps):", "",
+                  "| round | configuration | picked |", "|---|---|---|"]
+        lines += [f"| {rnd} | {name} | {'no choice yet' if o is None else ('colocate_async' if o else 'sync')} |"
+                  for rnd, name, o in sorted(picks)]
     lines += ["", "Reward by step (mean over rounds; step 1 is the warm-up):", "",
               "| configuration | " + " | ".join(f"step {i + 1}" for i in range(s["steps"])) + " |",
               "|---|" + "---|" * s["steps"]]
