@@ -60,7 +60,7 @@ class StepSource(abc.ABC):
 
     Built after the worker groups start, with the trainer, whose public attributes it may read
     (``config``, ``registry``, ``run_threads``, ``rollout``, ``actor``, ``sampler``, ``train_rows``, ``tokenizer``,
-    ``dataflow``, ``algorithm``, ``reward``, ``boundary``, ``model_spec``, ``step``, ``max_steps``,
+    ``dataflow``, ``algorithm``, ``reward``, ``boundary``, ``model_spec``, ``step``, ``max_steps``, ``hooks``,
     ``draw_prompts``, ``step_context``), and, on a resume, the checkpoint and its ``trainer_state.json``.
     Built again after the worker groups restart.
     """
