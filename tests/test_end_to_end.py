@@ -138,7 +138,8 @@ def test_plugins_list_json(run_verl):
                       ("rollout", "hf"): "verl-rollout-hf", ("logger", "console"): "verl-loggers",
                       ("step_source", "colocate_async"): "verl-trainer-async",
                       ("config_format", "verl-yaml"): "verl-config-import",
-                      ("data_reader", "standard"): "verl-data"}.items():
+                      ("data_reader", "standard"): "verl-data", ("hook", "health"): "verl-loggers",
+                      ("hook", "samples"): "verl-loggers"}.items():
         assert rows[key]["distribution"] == dist and rows[key]["status"] == "available", key
 
 

@@ -81,6 +81,11 @@ class Recorder:
         self._note("verl_step_end")
 
     @hookimpl
+    def verl_step_batch(self, step, batch):
+        self._note("verl_step_batch")
+        return {"recorder/batch_rows": float(len(batch))}  # joins the step's metrics
+
+    @hookimpl
     def verl_metrics(self, step, metrics):
         self._note("verl_metrics")
 
@@ -135,13 +140,14 @@ def test_third_party_algorithm_runs_through_cli(plugin_site, tmp_path, run_verl)
     assert 'name = "signonly"' in config and "scale = 0.5" in config
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "ppo/actor_loss" in r] == [1, 2]
+    assert [r["recorder/batch_rows"] for r in steps if "ppo/actor_loss" in r] == [32.0, 32.0]  # 8 prompts x 4
     # Every documented hook reached the installed hook plugin during the run.
     from verl_core.hooks import HookSpecs
 
     fired = set((tmp_path / "hooks.txt").read_text().split())
     specs = {name for name in vars(HookSpecs) if name.startswith("verl_")}
     # verl_run_rewound comes only after a worker restart (tests/test_faults.py), verl_health only when a
-    # health check fails (verl_core/tests/test_samples_and_health.py).
+    # health check fails (plugins/verl-loggers/tests/test_samples_and_health.py).
     assert fired == specs - {"verl_run_rewound", "verl_health"}
 
 

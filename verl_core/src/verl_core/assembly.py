@@ -15,7 +15,6 @@ from typing import Any
 from verl_core.boundary import Boundary, check_prompt_rows, plugin_label
 from verl_core.config import HUB_ID, Config, ConfigError, config_to_dict, plugin_for_key, resolve_config
 from verl_core.contracts import DataReader, ModelSpec, Role
-from verl_core.progress import Progress
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal
 from verl_core.rundir import open_run_dir
@@ -162,9 +161,7 @@ def load_prompts(t: Any, needs: Any) -> None:
     or ``run.epochs`` passes over the prompts, a short last batch dropped) and its scorer, which resolves every
     data_source's reward now: a missing one fails before any model loads."""
     cfg = t.config
-    with Progress("data preparation", total=2, unit="splits") as bar:  # tokenizing can take a while
-        t.train_rows, t.val_rows = load_data(t, needs.data)
-        bar.update(2, train_prompts=len(t.train_rows), val_prompts=len(t.val_rows))
+    t.train_rows, t.val_rows = load_data(t, needs.data)  # the reader shows its progress (tokenizing takes a while)
     t.sampler = PromptSampler(len(t.train_rows), cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     t.max_steps = (cfg.run.epochs * (len(t.train_rows) // cfg.data.batch_size) if cfg.run.epochs
                    else cfg.run.max_steps)

@@ -1,7 +1,9 @@
 """Lifecycle hooks: what plugins can observe while a run goes.
 
 Hooks carry events (run and step start/end, metrics, validation, checkpoints); they never change the
-dataflow. Implementations come from the ``verl.loggers`` entry points chosen in ``run.loggers`` and from
+dataflow (a step's batch is theirs to read, and the metrics they measure on it join the step's). A plugin
+may report events of its own through the relay ``verl_run_start`` hands it: verl-loggers' ``health`` and
+``samples`` plugins do (``verl_health``, ``verl_samples``). Implementations come from the ``verl.loggers`` entry points chosen in ``run.loggers`` and from
 every installed ``verl.hooks`` plugin (minus ``run.disable_hooks``). A hook plugin that fails to load is
 reported and skipped; the run goes on without it.
 
@@ -26,7 +28,7 @@ import pluggy
 
 from verl_core.registry import PluginError, PluginRegistry
 
-__all__ = ["PROJECT", "hookspec", "hookimpl", "HookSpecs", "build_plugin_manager"]
+__all__ = ["PROJECT", "hookspec", "hookimpl", "HookSpecs", "build_plugin_manager", "SAMPLE_FIELDS", "sample_records"]
 
 PROJECT = "verl"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -38,8 +40,9 @@ class HookSpecs:
     """Every hook a plugin can implement. Arguments are passed by keyword."""
 
     @hookspec
-    def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int) -> None:
-        """The run is set up and about to validate/train; ``start_step`` > 0 after a resume."""
+    def verl_run_start(self, config: Any, run_dir: Path, start_step: int, max_steps: int, hooks: Any) -> None:
+        """The run is set up and about to validate/train; ``start_step`` > 0 after a resume. ``hooks`` is the
+        run's hook relay, for a plugin that reports events of its own (``hooks.verl_health(...)``)."""
 
     @hookspec
     def verl_step_start(self, step: int) -> None:
@@ -50,6 +53,11 @@ class HookSpecs:
         """An RL step finished; ``metrics`` holds everything measured in it."""
 
     @hookspec
+    def verl_step_batch(self, step: int, batch: Any, tokenizer: Any) -> dict[str, float] | None:
+        """Step ``step`` trained on ``batch`` (a scored :class:`~verl_core.batch.Batch`: read it, never change
+        it), before its metrics are emitted; the metrics a plugin returns join the step's."""
+
+    @hookspec
     def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Metrics are emitted (after each step and after each validation)."""
 
@@ -58,14 +66,15 @@ class HookSpecs:
         """A validation pass of ``samples`` generations begins at ``step``."""
 
     @hookspec
-    def verl_validation_end(self, step: int, metrics: dict[str, float]) -> None:
-        """A validation pass finished at ``step`` (0 = before training)."""
+    def verl_validation_end(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]]) -> None:
+        """A validation pass finished at ``step`` (0 = before training); ``samples`` holds every sample it
+        generated, as :func:`sample_records` makes them."""
 
     @hookspec
     def verl_samples(self, step: int, split: str, samples: list[dict[str, Any]]) -> None:
         """Generated samples of ``split`` (``"val"``: a validation; ``"train"``: a few of a step), one dict
-        per sample with the keys of :data:`verl_core.samples.SAMPLE_FIELDS` (plus ``transcript`` with
-        an environment: the multi-turn messages, tool calls included)."""
+        per sample with the keys of :data:`SAMPLE_FIELDS` (plus ``transcript`` with an environment: the
+        multi-turn messages, tool calls included)."""
 
     @hookspec
     def verl_health(self, step: int, check: str, message: str) -> None:
@@ -105,6 +114,46 @@ def build_plugin_manager(registry: PluginRegistry, *, loggers: Sequence[str],
             continue
         pm.register(plugin, name=f"hook:{name}")
     return pm
+
+
+#: Every sample record's keys, in the order tables show them (``transcript`` only with an environment).
+SAMPLE_FIELDS = ("step", "split", "index", "group", "data_source", "prompt", "response", "ground_truth", "reward",
+                 "response_tokens", "finish_reason")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly copy: tensors become numbers or lists, numpy scalars numbers (torch not imported here)."""
+    if isinstance(value, (str, bytes)) or not callable(getattr(value, "item", None)):
+        return value
+    if type(value).__module__ == "torch":
+        return value.tolist()
+    try:
+        return value.item()
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def sample_records(*, step: int, split: str, prompts: Sequence[str], responses: Sequence[str],
+                   rewards: Sequence[float], meta: dict[str, Sequence[Any]], response_tokens: Sequence[int],
+                   finish_reasons: Sequence[str], groups: Sequence[int] | None = None,
+                   indices: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """One record per chosen sample (``indices``, default all); a ``transcript`` in ``meta`` comes along."""
+    chosen = range(len(responses)) if indices is None else indices
+    transcripts = meta.get("transcript")
+    out = []
+    for i in chosen:
+        record = {
+            "step": step, "split": split, "index": int(i), "group": int(groups[i]) if groups is not None else None,
+            "data_source": _plain((meta.get("data_source") or [None] * len(responses))[i]),
+            "prompt": prompts[i], "response": responses[i],
+            "ground_truth": _plain((meta.get("ground_truth") or [None] * len(responses))[i]),
+            "reward": float(rewards[i]), "response_tokens": int(response_tokens[i]),
+            "finish_reason": finish_reasons[i] if i < len(finish_reasons) else None,
+        }
+        if transcripts is not None and transcripts[i] is not None:
+            record["transcript"] = transcripts[i]  # the multi-turn messages, tool calls and tool outputs
+        out.append(record)
+    return out
 
 
 def _instantiate(obj: Any) -> Any:

@@ -14,7 +14,7 @@ from verl_core.batch import Batch
 from verl_core.contracts import PromptIds, RolloutEngine, RolloutOutput, SamplingParams, TrainingWorker
 
 __all__ = ["DEFAULT_LOG_PROB_GAP", "generate_batch", "build_batch", "left_pad", "right_pad", "sync_rollout_weights",
-           "check_weight_sync", "check_log_prob_gap", "guard_limit", "WeightSyncError", "check_rollout_multi_modal"]
+           "check_weight_sync", "check_log_prob_gap", "guard_limit", "run_guard_limit", "WeightSyncError", "check_rollout_multi_modal"]
 
 logger = logging.getLogger("verl.rollout")
 
@@ -29,6 +29,14 @@ def guard_limit(configured: float | None, compute_dtypes: Sequence[str]) -> floa
     if configured is not None:
         return configured
     return max(DEFAULT_LOG_PROB_GAP.get(d, max(DEFAULT_LOG_PROB_GAP.values())) for d in compute_dtypes)
+
+
+def run_guard_limit(config: Any) -> float:
+    """The guard's limit in a run of ``config``: mixed precision or a 16-bit engine on float32 weights differ
+    like 16-bit weights do, so every compute dtype counts."""
+    dtype = config.model.dtype
+    return guard_limit(config.rollout.config.max_log_prob_gap, [
+        dtype, config.backend.config.compute_dtype(dtype), config.rollout.config.compute_dtype(dtype)])
 
 
 class WeightSyncError(RuntimeError):

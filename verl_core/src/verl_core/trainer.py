@@ -24,14 +24,12 @@ from verl_core.checkpoint import CheckpointManager
 from verl_core.config import Config, apply_overrides, load_raw_config, resolve_config
 from verl_core.contracts import ModelSpec, Role, StepSource, WorkerFailedError
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
-from verl_core.health import HealthMonitor
 from verl_core.hooks import build_plugin_manager
 from verl_core.registry import PluginRegistry
-from verl_core.rollout_utils import check_weight_sync, guard_limit
+from verl_core.rollout_utils import check_weight_sync, run_guard_limit
 from verl_core.rundir import RunLock
 from verl_core.run_model import copied_keys
 from verl_core.run_state import at_step
-from verl_core.samples import step_report
 from verl_core.signals import Preempted, StopSignals
 from verl_core.validation import validate
 
@@ -117,11 +115,7 @@ class Trainer:
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         model_path, tok_path = open_model(self)  # the tokenizer, and the run directory (locked) on the controller
-        # Mixed precision or a 16-bit engine on float32 weights differ like 16-bit weights do.
-        self.max_log_prob_gap = guard_limit(cfg.rollout.config.max_log_prob_gap, [
-            cfg.model.dtype, cfg.backend.config.compute_dtype(cfg.model.dtype),
-            cfg.rollout.config.compute_dtype(cfg.model.dtype)])
-        self.health = HealthMonitor(cfg.run, self.max_log_prob_gap)  # warnings from the metrics (verl_health)
+        self.max_log_prob_gap = run_guard_limit(cfg)
         self.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code, module=self._model_obj)
 
@@ -206,9 +200,10 @@ class Trainer:
     def _train(self, stop: StopSignals) -> dict[str, float]:
         cfg = self.config.run
         hook = self.hooks.hook
-        hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=self.max_steps)
-        hook.verl_metrics(step=self.step, metrics=dict(self.data_stats))  # prompts kept, dropped, truncated
-        self._check_health({**self.data_stats, "data/val_prompts": float(len(self.val_rows))})  # 0: no test split
+        hook.verl_run_start(config=self.config, run_dir=self.run_dir, start_step=self.step, max_steps=self.max_steps,
+                            hooks=hook)
+        # Prompts kept, dropped, truncated; data/val_prompts = 0: no test split (a health check warns).
+        hook.verl_metrics(step=self.step, metrics={**self.data_stats, "data/val_prompts": float(len(self.val_rows))})
         last: dict[str, float] = {}
         status, error = "completed", None
         try:
@@ -257,7 +252,6 @@ class Trainer:
             metrics["run/restarts"] = float(self.restarts)
         hook.verl_step_end(step=self.step, metrics=metrics)
         hook.verl_metrics(step=self.step, metrics=metrics)
-        self._check_health(metrics)
         out = dict(metrics)
         final = self.step == self.max_steps
         if stop.requested is not None and not final:
@@ -268,11 +262,6 @@ class Trainer:
         if final or (cfg.save_every and self.step % cfg.save_every == 0):
             run_state.save_due(self, final=final)
         return out
-
-    def _check_health(self, metrics: dict[str, float]) -> None:
-        """Tell the hooks about the health checks that start failing with ``metrics`` (:class:`HealthMonitor`)."""
-        for check, message in self.health.observe(self.step, metrics):
-            self.hooks.hook.verl_health(step=self.step, check=check, message=message)
 
     def _preempted(self, signum: int) -> Preempted:
         """Save the step reached (unless its checkpoint exists) and describe the stop."""
@@ -302,8 +291,8 @@ class Trainer:
         synced = time.perf_counter()
         self.source.after_update(self.step)
         ctx.metrics["timing/sync_weights"] = time.perf_counter() - synced
-        return step_report(self, ctx, epoch=self.sampler.epoch if sourced.epoch is None else sourced.epoch,
-                           seconds=time.perf_counter() - start)
+        return _step_report(self, ctx, epoch=self.sampler.epoch if sourced.epoch is None else sourced.epoch,
+                            seconds=time.perf_counter() - start)
 
     def step_context(self, step: int, prompts: list[dict[str, Any]], **fields: Any) -> StepContext:
         """The context the dataflow of step ``step`` runs with (``fields`` replace the run's own parts:
@@ -332,3 +321,19 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write a complete checkpoint of the current step (atomically) and return its path."""
         return run_state.save(self)
+
+
+def _step_report(t: Trainer, ctx: StepContext, *, epoch: float, seconds: float) -> dict[str, float]:
+    """The metrics of the step trainer ``t`` just ran in ``ctx``: the dataflow's, those hook plugins measure on
+    its batch (``verl_step_batch``), the algorithm's own, throughput and memory."""
+    b, m = ctx.batch, dict(ctx.metrics)
+    for measured in t.hooks.hook.verl_step_batch(step=ctx.step, batch=b, tokenizer=t.tokenizer):
+        m.update(measured or {})
+    m.update(t.algorithm.step_metrics(b, m))  # its KL figures, say
+    tokens = int(b.prompt_mask.sum() + b.response_attention_mask.sum())
+    m.update({"epoch": float(epoch), "timing/step": seconds,
+              "throughput/samples_per_sec": len(ctx.prompts) * ctx.sampling.n / seconds,
+              "throughput/tokens_per_sec": tokens / seconds})
+    if "memory/actor_peak_gb" not in m:  # backends may report it with the update (one call fewer)
+        m["memory/actor_peak_gb"] = float(t.actor.peak_memory_gb())
+    return m

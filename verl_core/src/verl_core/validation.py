@@ -1,5 +1,6 @@
 """Validation: every validation prompt generated with the validation sampling and scored, as the run's
-loop asks for it (``run.val_every``, the first and the last step)."""
+loop asks for it (``run.val_every``, the first and the last step); its metrics and its samples go to the
+hooks (verl-loggers' ``samples`` plugin hands ``run.val_samples`` of them to ``verl_samples``)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import torch
 
 from verl_core.boundary import check_scores, finite_rows
 from verl_core.contracts import ENV_REWARDS
-from verl_core.samples import sample_records, spread
+from verl_core.hooks import sample_records
 
 __all__ = ["validate"]
 
 
 def validate(t: Any) -> dict[str, float]:
     """Generate for every validation prompt of trainer ``t`` with the validation sampling, score it, and
-    report the metrics and ``run.val_samples`` of the samples to the hooks."""
+    report the metrics and the samples to the hooks."""
     rc = t.config.rollout.config
     sampling = rc.sampling(seed=t.config.run.seed, validation=True)
     rows = t.val_rows
@@ -64,25 +65,20 @@ def validate(t: Any) -> dict[str, float]:
                "timing/validation": time.perf_counter() - start}
     metrics.update({f"val/{k.split('/', 1)[1]}": v for k, v in reward_metrics.items() if k.endswith("/mean")})
     metrics["val/reward_errors"] = reward_metrics.get("reward/errors", 0.0)
-    _emit_samples(t, texts, meta, scores, shown)
-    t.hooks.hook.verl_validation_end(step=t.step, metrics=metrics)
+    samples = _records(t, texts, meta, scores, shown)
+    t.hooks.hook.verl_validation_end(step=t.step, metrics=metrics, samples=samples)
     t.hooks.hook.verl_metrics(step=t.step, metrics=metrics)
     return metrics
 
 
-def _emit_samples(t: Any, texts: list[str], meta: dict[str, list[Any]], scores: torch.Tensor,
-                  shown: dict[str, list[Any]]) -> None:
-    """Hand ``run.val_samples`` of the validation's samples (spread over it) to the ``verl_samples`` hook."""
-    indices = spread(len(texts), t.config.run.val_samples)
-    if not indices:
-        return
+def _records(t: Any, texts: list[str], meta: dict[str, list[Any]], scores: torch.Tensor,
+             shown: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every sample of the validation as a record (:func:`~verl_core.hooks.sample_records`); a prompt is
+    decoded once for its ``n`` samples."""
     if shown["transcript"]:
         meta = {**meta, "transcript": shown["transcript"]}
-    per_row, chosen = len(texts) // max(1, len(t.val_rows)), set(indices)
-    prompts = [t.tokenizer.decode(t.val_rows[i // per_row]["prompt_ids"], skip_special_tokens=True)
-               if i in chosen else "" for i in range(len(texts))]
-    records = sample_records(step=t.step, split="val", prompts=prompts, responses=texts,
-                             rewards=scores.tolist(), meta=meta, response_tokens=shown["tokens"],
-                             finish_reasons=shown["finish"], groups=[i // per_row for i in range(len(texts))],
-                             indices=indices)
-    t.hooks.hook.verl_samples(step=t.step, split="val", samples=records)
+    per_row = len(texts) // max(1, len(t.val_rows))
+    prompts = t.tokenizer.batch_decode([r["prompt_ids"] for r in t.val_rows], skip_special_tokens=True)
+    return sample_records(step=t.step, split="val", prompts=[prompts[i // per_row] for i in range(len(texts))],
+                          responses=texts, rewards=scores.tolist(), meta=meta, response_tokens=shown["tokens"],
+                          finish_reasons=shown["finish"], groups=[i // per_row for i in range(len(texts))])

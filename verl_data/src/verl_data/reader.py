@@ -22,6 +22,10 @@ class StandardReader(DataReader):
     def load(self, config: Any, tokenizer: Any, *, model_path: str | None, registry: Any,
              format: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
         from verl_data.images import load_processor
+        from verl_kit.progress import Progress
 
-        return build_datasets(config, tokenizer, registry, format=format,
-                              processor=load_processor(model_path, tokenizer))
+        with Progress("data preparation", total=2, unit="splits") as bar:  # tokenizing can take a while
+            train, val, stats = build_datasets(config, tokenizer, registry, format=format,
+                                               processor=load_processor(model_path, tokenizer))
+            bar.update(2, train_prompts=len(train), val_prompts=len(val))
+        return train, val, stats

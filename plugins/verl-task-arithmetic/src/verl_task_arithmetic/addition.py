@@ -302,7 +302,7 @@ def warm_start(
     eval_accuracy: float | None = None
     started = time.perf_counter()
     batch_iter = batches()
-    from verl_core.kit import Progress
+    from verl_kit.progress import Progress
 
     with Progress("warm start of the built-in model", total=steps, unit="steps") as bar:
         for step in range(1, steps + 1):

@@ -1,4 +1,4 @@
-"""``verl_core.progress.Progress``: a bar with ETA and key figures on a terminal, clean plain lines in a CI log.
+"""``verl_kit.progress.Progress``: a bar with ETA and key figures on a terminal, clean plain lines in a CI log.
 
 The step bar and lines of a real run are the ``console`` logger's: plugins/verl-loggers/tests/test_console.py.
 """
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from verl_core.progress import Progress
+from verl_kit.progress import Progress
 
 ESCAPES = re.compile(r"\x1b\[|\r")
 

@@ -1,5 +1,6 @@
-"""Progress of long work outside an RL step (a model's warm start, data preparation): a bar with ETA and
-key figures on a terminal, a few plain lines when output goes to a file or a CI log.
+"""Progress of long work outside an RL step (a model's warm start, a data reader's tokenizing): a bar with
+ETA and key figures on a terminal, a few plain lines when output goes to a file or a CI log. The plugin
+doing the work shows it (the RL steps' bar is the ``console`` logger's).
 
 Example::
 

@@ -1,4 +1,5 @@
-"""Generated samples in the run directory and the health checks: unit cases, then a real short run read back."""
+"""The ``samples`` and ``health`` hook plugins: unit cases, then real short runs read back (samples files,
+health warnings, and both left out with run.disable_hooks)."""
 
 import json
 from types import SimpleNamespace
@@ -8,8 +9,8 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.config import ConfigError
-from verl_core.health import HealthMonitor
-from verl_core.samples import flat_group_fraction, spread
+from verl_loggers.health import HealthMonitor, flat_group_fraction
+from verl_loggers.samples import spread
 
 FAST = ["data.batch_size=8", "rollout.n=4", "data.max_val_samples=24", "run.threads=1"]
 
@@ -109,6 +110,27 @@ def test_val_samples_caps_the_file_and_zero_writes_none(tmp_path):
     samples = [json.loads(line) for line in (out / "samples" / "val_step_1.jsonl").read_text().splitlines()]
     assert [s["index"] for s in samples] == [0, 4, 9, 14, 19]
     assert not (out / "samples" / "train.jsonl").exists()
+
+
+def test_both_are_installed_hook_plugins():
+    from verl_core.registry import PluginRegistry
+
+    assert {"health", "samples"} <= set(PluginRegistry().names("hook"))
+
+
+@pytest.mark.slow
+def test_run_disable_hooks_leaves_samples_and_health_out(tmp_path, capsys):
+    from verl_core.trainer import Trainer
+
+    out = tmp_path / "run"
+    # Every response cut off (all_truncated would fire) and samples asked for: neither plugin runs.
+    trainer = Trainer.from_config(overrides=[*FAST, "run.max_steps=1", "rollout.max_new_tokens=1",
+                                             "run.disable_hooks=['health', 'samples']", f"run.output_dir='{out}'"])
+    trainer.train()
+    assert not list((out / "samples").glob("*.jsonl")) and not (out / "health.jsonl").exists()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("ppo/actor_loss" in r for r in rows) and not any("reward/flat_group_frac" in r for r in rows)
+    assert "warning (step" not in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -1,16 +1,60 @@
-"""Health checks on a run's metrics: the problems a user would want to hear about while it trains.
+"""The ``health`` hook plugin (``verl.hooks``, on whenever verl-loggers is installed; ``run.disable_hooks =
+["health"]`` leaves it out): the problems a user would want to hear about while a run trains.
 
-:class:`HealthMonitor` reads each step's metrics and returns the checks that fail; the trainer hands
-them to the ``verl_health`` hook (the console prints them, the ``jsonl`` logger records them in
+:class:`HealthMonitor` reads the metrics the run emits and returns the checks that fail; :class:`HealthChecks`
+hands them to the ``verl_health`` hook (the console prints them, the ``jsonl`` logger records them in
 ``<run_dir>/health.jsonl``, ``verl dashboard`` shows them). Each check speaks once when it starts
 failing and again only after it has recovered.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-__all__ = ["HealthMonitor"]
+import torch
+
+from verl_core.kit import hookimpl, run_guard_limit
+
+__all__ = ["HealthChecks", "HealthMonitor", "flat_group_fraction"]
+
+
+def flat_group_fraction(batch: Any) -> float | None:
+    """The share of the batch's groups whose samples all got the same reward (no learning signal for
+    group-relative advantages); ``None`` without scores."""
+    if batch.scores is None or not len(batch):
+        return None
+    flat = total = 0
+    for g in torch.unique(batch.group_ids):
+        scores = batch.scores[batch.group_ids == g]
+        total += 1
+        flat += int(bool((scores == scores[0]).all()))
+    return flat / total
+
+
+class HealthChecks:
+    """The run's health checks as a hook plugin: ``reward/flat_group_frac`` measured on each step's batch,
+    every metric the run emits observed (``run.health_flat_steps``, ``run.health_max_kl``, the weight-sync
+    guard's limit), and each check that starts failing reported to ``verl_health``."""
+
+    def __init__(self) -> None:
+        self._hooks: Any = None
+        self.monitor: HealthMonitor | None = None
+
+    @hookimpl
+    def verl_run_start(self, config: Any, run_dir: Path, hooks: Any) -> None:
+        self._hooks, self.monitor = hooks, HealthMonitor(config.run, run_guard_limit(config))
+
+    @hookimpl
+    def verl_step_batch(self, step: int, batch: Any) -> dict[str, float] | None:
+        flat = flat_group_fraction(batch)
+        return None if flat is None else {"reward/flat_group_frac": flat}  # groups whose samples all scored alike
+
+    @hookimpl(trylast=True)  # after the sinks have the metrics, as a warning about them
+    def verl_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if self.monitor is not None:
+            for check, message in self.monitor.observe(step, metrics):
+                self._hooks.verl_health(step=step, check=check, message=message)
 
 
 class HealthMonitor:
