@@ -61,6 +61,29 @@ def test_humaneval_style(reward: CodeTestsReward) -> None:
     assert reward(fenced("def sort_it(xs):\n    return xs"), truth) == 0.0
 
 
+def test_call_based_style_as_apps_and_taco_write_it(reward: CodeTestsReward) -> None:
+    # APPS' input_output: a JSON string; outputs wrapped in a list ([[7]]) or not (3), as APPS rows have both.
+    truth = json.dumps({"fn_name": "add", "inputs": [[1, 2], [3, 4], [0, 0], [-1, 1]], "outputs": [3, [7], 0, [0]]})
+    assert reward(fenced("def add(a, b):\n    return a + b"), truth) == 1.0
+    # A LeetCode-style row (TACO): the method of class Solution.
+    assert reward(fenced("class Solution:\n    def add(self, a, b):\n        return a + b"), truth) == 1.0
+    assert reward(fenced("def add(a, b):\n    return a + b if a < 2 else 0"), truth) == 0.75
+    assert reward(fenced("def plus(a, b):\n    return a + b"), truth) == 0.0  # not the named function
+    # Tuples are lists, as APPS compares them; lists and dicts of the return value are compared whole.
+    pairs = {"fn_name": "pair", "inputs": [[1, "x"]], "outputs": [[[1, "x"]]]}
+    assert reward(fenced("def pair(a, b):\n    return (a, b)"), pairs) == 1.0
+    counts = {"fn_name": "count", "inputs": [["abca"]], "outputs": [{"a": 2, "b": 1, "c": 1}]}
+    assert reward(fenced("from collections import Counter\ndef count(s):\n    return dict(Counter(s))"), counts) == 1.0
+    # Only JSON data passes: an object equal to everything, or a print of the answer, does not.
+    anything = "class Yes:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Yes()"
+    assert reward(fenced(anything), truth) == 0.0
+    assert reward(fenced("def add(a, b):\n    print(a + b)"), truth) == 0.0
+    # Leaving before the comparison is no pass; a function that loops fails that test case only.
+    assert reward(fenced("import os\ndef add(a, b):\n    os._exit(0)"), truth) == 0.0
+    loops = "def add(a, b):\n    while a == 3:\n        pass\n    return a + b"
+    assert reward(fenced(loops), truth) == 0.75
+
+
 def test_leaving_before_the_asserts_is_no_pass(reward: CodeTestsReward) -> None:
     for cheat in ("exit()", "import sys; sys.exit(0)", "import os; os._exit(0)", "print('ok')\nraise SystemExit"):
         assert reward(fenced(cheat + "\ndef add(a, b):\n    return 0"), MBPP) == 0.0, cheat
@@ -121,8 +144,12 @@ def test_a_row_without_test_cases_names_the_row_and_the_shape(reward: CodeTestsR
             reward("print(1)", truth, data_source="my/code-set", extra_info={"index": 7})
         message = str(info.value)
         assert "data_source='my/code-set' index=7" in message and '"test_list"' in message and '"inputs"' in message
-    with pytest.raises(ValueError, match="fn_name"):
-        parse_test_cases({"fn_name": "solve", "inputs": [[1]], "outputs": [[2]]})
+    for truth, message in (({"fn_name": "solve", "inputs": ["1 2"], "outputs": [3]}, r"inputs\[0\] is '1 2'; a "
+                                                                                    r"call-based .* list of the"),
+                           ({"fn_name": "no such", "inputs": [[1]], "outputs": [1]}, "'fn_name' must be the name"),
+                           ({"fn_name": "f", "inputs": [[1]], "outputs": []}, "lists of the same length")):
+        with pytest.raises(ValueError, match=message):
+            parse_test_cases(truth)
 
 
 def test_rows_are_scored_through_the_reward_manager_in_worker_processes() -> None:
@@ -167,7 +194,7 @@ def test_verl_run_two_steps_with_code_tests_on_the_prepared_sample(tmp_path: Pat
 
     from verl_core.testing import tiny_text_model_dir
 
-    cli = [sys.executable, "-m", "verl_core.cli"]
+    cli = [sys.executable, "-m", "verl_cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     src = Path(__import__("verl_data_prepare.prepare", fromlist=["sample_path"]).sample_path("mbpp"))
     res = subprocess.run([*cli, "data", "prepare", "mbpp", "-i", str(src), "-o", str(tmp_path / "mbpp")],

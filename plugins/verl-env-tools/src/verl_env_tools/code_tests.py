@@ -9,12 +9,19 @@ memory or prints without end fails that test case and nothing else.
 unclosed one, cut by the token budget, runs to the end), or else the whole response.
 
 **The test cases** are the row's ``reward_model.ground_truth``: a dict, or its JSON string (verl's own
-code datasets store a JSON string), in one of three shapes:
+code datasets store a JSON string), in one of four shapes:
 
 * stdin/stdout (APPS, CodeContests, TACO): ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}``. Each
   input is the program's standard input; it passes when it exits with code 0 and its standard output
   (standard error is dropped) equals the expected output, compared line by line with trailing
   whitespace and trailing blank lines ignored. Output cut at ``max_output`` characters fails.
+* call-based (APPS, TACO): the same with ``"fn_name": "f"``, each input a list of arguments and each output
+  the return value, as JSON: ``{"fn_name": "f", "inputs": [[1, 2], ...], "outputs": [3, ...]}``. As in
+  APPS/TACO, the function is the method ``f`` of the program's ``class Solution`` (an instance of it) when
+  it has one, else the program's function ``f``; the test case passes when ``f(*input)`` returns the
+  output, or the output's only element when the output is a list (APPS writes ``[[3], ...]`` as often
+  as ``[3, ...]``). The return value is compared after a JSON round trip (tuples are lists, as APPS
+  treats them), so only JSON data can pass: an object whose ``__eq__`` says yes to everything cannot.
 * MBPP asserts: ``{"test_list": ["assert f(1) == 2", ...], "test_setup_code": "...", "test_imports": [...]}``
   (the last two optional). Each assert is one test case, run after the program (and the imports and
   setup code) in the same namespace.
@@ -26,8 +33,8 @@ harness reaches its end: a program that calls ``exit()`` or ``os._exit(0)`` befo
 fails. (The sandbox protects the host; a program that reads the harness back from ``/proc`` could still
 forge a pass, which the harness does not try to prevent.)
 
-A row without test cases (or with call-based ``fn_name`` tests, not supported) is an error naming the
-row's ``data_source`` and ``extra_info.index``, never a silent 0. Rows of the ``data_sources`` below are
+A row without test cases is an error naming the row's ``data_source`` and ``extra_info.index``, never a
+silent 0. Rows of the ``data_sources`` below are
 routed here by ``reward.name = "auto"``; ``verl data prepare mbpp`` writes such rows.
 """
 
@@ -45,9 +52,10 @@ from verl_env_tools.sandbox import SandboxLimits, network_isolation_available, r
 __all__ = ["CodeTestsReward", "CodeTestsConfig", "TestCase", "extract_program", "parse_test_cases",
            "GROUND_TRUTH_SHAPES"]
 
-GROUND_TRUTH_SHAPES = ('{"inputs": [...], "outputs": [...]} (stdin/stdout), {"test_list": ["assert ...", ...]} '
-                       '(MBPP) or {"test": "def check(candidate): ...", "entry_point": "f"} (HumanEval), as a '
-                       'dict or its JSON string')
+GROUND_TRUTH_SHAPES = ('{"inputs": [...], "outputs": [...]} (stdin/stdout), the same with "fn_name": "f" '
+                       '(call-based: each input a list of arguments), {"test_list": ["assert ...", ...]} (MBPP) or '
+                       '{"test": "def check(candidate): ...", "entry_point": "f"} (HumanEval), as a dict or its '
+                       'JSON string')
 
 # The last fenced python block wins; an unclosed one (the response ran out of tokens) runs to the end.
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)(?:```|\Z)", re.S | re.I)
@@ -118,13 +126,12 @@ def parse_test_cases(ground_truth: Any) -> list[TestCase]:
             raise ValueError(f"the ground truth is a string that is not JSON: {_short(truth)}") from None
     if not isinstance(truth, dict):
         raise ValueError(f"the ground truth is {_short(ground_truth)}, not test cases")
-    if truth.get("fn_name"):
-        raise ValueError(f"call-based tests (fn_name={truth['fn_name']!r}) are not supported; write them as "
-                         f"assert statements in test_list")
     if "inputs" in truth or "outputs" in truth:
         inputs, outputs = truth.get("inputs"), truth.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
             raise ValueError("'inputs' and 'outputs' must be lists of the same length")
+        if truth.get("fn_name") is not None:
+            return _call_cases(truth["fn_name"], inputs, outputs)
         for key, values in (("inputs", inputs), ("outputs", outputs)):
             bad = [i for i, v in enumerate(values) if not isinstance(v, str)]
             if bad:
@@ -149,6 +156,30 @@ def parse_test_cases(ground_truth: Any) -> list[TestCase]:
     if not cases:
         raise ValueError("the ground truth holds no test cases")
     return cases
+
+
+def _call_cases(name: Any, inputs: list, outputs: list) -> list[TestCase]:
+    """Call-based test cases: each a script that calls ``name`` with one input's arguments."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"'fn_name' must be the name of the function to call, not {_short(name)}")
+    bad = [i for i, args in enumerate(inputs) if not isinstance(args, list)]
+    if bad:
+        raise ValueError(f"inputs[{bad[0]}] is {_short(inputs[bad[0]])}; a call-based (fn_name) test's input is "
+                         f"the list of the function's arguments")
+    try:
+        pairs = [(json.dumps(args), json.dumps(want)) for args, want in zip(inputs, outputs)]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"call-based test cases must be JSON data: {exc}") from None
+    # APPS/TACO: the method of an instance of class Solution when the program has one, else the function.
+    return [TestCase(script=(
+        "import json as _json\n"
+        "_cls = globals().get('Solution')\n"
+        f"_fn = getattr(_cls(), {name!r}) if isinstance(_cls, type) and hasattr(_cls, {name!r}) else {name}\n"
+        f"_got = _json.loads(_json.dumps(_fn(*_json.loads({args!r}))))\n"
+        f"_want = _json.loads({want!r})\n"
+        "if not (_got == _want or (isinstance(_want, list) and len(_want) > 0 and _got == _want[0])):\n"
+        "    raise AssertionError('wrong return value')\n"))
+        for args, want in pairs]
 
 
 def _short(value: Any) -> str:
