@@ -1,19 +1,16 @@
 """``verl run --dry-run`` and ``verl config check``: everything a run checks before step 1, without the run.
 
-:func:`dry_run` walks the start of :meth:`Trainer.setup <verl_core.trainer.Trainer.setup>` in its order and
-through the trainer's own checks (model and data paths, the tokenizer, the run directory, the algorithm's
-needs, the data through the chat template, the reward, the trainer mode, the backend's layout against the
-model's ``config.json``), so a config it passes starts and one it refuses fails with the same message. It
-never loads weights, starts an executor or an engine, and writes nothing. It adds what a user wants to see
-before paying for a run: one rendered prompt and its token count, the step's dataflow, where each role runs,
-and an estimate of memory per role from the parameter count in the weight files' headers.
+The checks are the core's (:func:`verl_core.api.check`, which walks the start of the trainer's set-up
+through its own checks, so a config it passes starts and one it refuses fails with the same message; it
+never loads weights, starts an executor or an engine, or writes anything). This module adds what a user
+wants to see before paying for a run: one rendered prompt and its token count, the step's dataflow, where
+each role runs, and an estimate of memory per role from the parameter count in the weight files' headers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import struct
 import time
@@ -66,11 +63,11 @@ def unset_keys(cfg: Config) -> dict[str, str]:
 
 
 def _log_prob_gap(cfg: Config) -> str:
-    from verl_core.rollout_utils import guard_limit
+    from verl_core.kit import run_guard_limit  # the run's rule; the key is unset here
 
     dtypes = [cfg.model.dtype, cfg.backend.config.compute_dtype(cfg.model.dtype),
               cfg.rollout.config.compute_dtype(cfg.model.dtype)]
-    return f"{guard_limit(None, dtypes):g}  # from compute dtypes model/backend/rollout = {'/'.join(dtypes)}"
+    return f"{run_guard_limit(cfg):g}  # from compute dtypes model/backend/rollout = {'/'.join(dtypes)}"
 
 
 #: Unset settings whose value the run derives from others, and how (as the trainer does).
@@ -156,107 +153,25 @@ def memory_estimate(cfg: Config, model_config: dict[str, Any], params: int, *, n
 
 # ----------------------------------------------------------------------------- the dry run
 def dry_run(cfg: Config, registry: Any, *, rows_shown: int = 1) -> DryRunReport:
-    """Check ``cfg`` as :meth:`Trainer.setup` does up to the first worker, and describe the run.
+    """Check ``cfg`` as the run does before step 1 (:func:`verl_core.api.check`), and describe the run.
 
     Raises what the run would raise before step 1 (:class:`~verl_core.config.ConfigError`,
     :class:`~verl_core.contracts.DataError`, :class:`~verl_core.registry.PluginError`, ...), with its message.
-    A ``builtin:`` model is built on first use, as the run builds it (later runs find it cached).
     """
-    from verl_core.checkpoint import CheckpointManager
-    from verl_core.sampler import PromptSampler
-    from verl_core.dataflow import DataflowBuilder
-    from verl_core.hooks import build_plugin_manager
-    from verl_core.contracts import ModelSpec
+    from verl_core.api import check
     from verl_core.registry import BUILTIN_PREFIX
-    from verl_core.rundir import check_output_dir
-    from verl_core.assembly import (check_roles, check_sources, check_step_source, critic_spec, load_data,
-                                    load_tokenizer, make_boundary, resolve_model_path, reusable_old_log_probs)
-    from verl_core.assembly import model_config as read_model_config
-    from verl_core.trainer import Trainer
 
     started = time.perf_counter()
     report = DryRunReport()
     report.add(f"profile: {cfg.profile}")
-    trainer = Trainer(cfg, registry=registry)
-    built = cfg.model.path.startswith(BUILTIN_PREFIX)
-    model_path = resolve_model_path(cfg.model.path, registry)
-    tok_path = cfg.model.tokenizer or model_path
-    check_sources(trainer, model_path, tok_path)
-    tokenizer, padded = load_tokenizer(cfg, tok_path)
-    _check_run_dir(cfg, registry, check_output_dir)
-    if padded:
-        report.warnings.append(padded)
-    trainer.tokenizer = tokenizer
-    trainer.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
-                                   trust_remote_code=cfg.model.trust_remote_code)
-    algorithm = registry.load("algorithm", cfg.algorithm.name)(cfg.algorithm.config)
-    trainer.algorithm = algorithm
-    needs = algorithm.requirements()
-    if cfg.environment.name:
-        registry.load("environment", cfg.environment.name)
-    trainer.critic_spec = critic_spec(trainer, needs.critic)
-    data_logger = logging.getLogger("verl.data")  # its warnings go to the report, not between its lines
-    captured = _Capture()
-    data_logger.addHandler(captured)
-    try:
-        train_rows, val_rows = load_data(trainer, needs.data)
-    finally:
-        data_logger.removeHandler(captured)
-    report.warnings += captured.messages
-    PromptSampler(len(train_rows), cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-    max_steps = (cfg.run.epochs * (len(train_rows) // cfg.data.batch_size) if cfg.run.epochs else cfg.run.max_steps)
-    reward = registry.load("scorer", cfg.reward.name)(
-        config=cfg.reward.config, registry=registry, tokenizer=tokenizer,
-        data_sources={r["data_source"] for r in (*train_rows, *val_rows)})
-    reward_model = reward.reward_model_path()
-    reward.close()
-    backend_config = cfg.backend.config
-    if not backend_config.total_training_steps:
-        backend_config = dataclasses.replace(backend_config, total_training_steps=max_steps)
-    check_roles(registry.load("backend", cfg.backend.name), cfg.backend.name, needs, reward_model)
-    backend = registry.load("backend", cfg.backend.name)(backend_config)
-    builder = DataflowBuilder()
-    algorithm.build_dataflow(builder)
-    trainer.dataflow = builder.build()
-    check_step_source(trainer, needs)
-    reused = reusable_old_log_probs(trainer)
-    make_boundary(trainer)
-    build_plugin_manager(registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
-    world_size = int(getattr(cfg.executor.config, "world_size", 1) or 1)
-    backend.check(model=trainer.model_spec, world_size=world_size)
-    registry.load("executor", cfg.executor.name)
-    registry.load("rollout", cfg.rollout.name)
-    if cfg.run.resume not in ("auto", "never", "force"):
-        CheckpointManager.verify(CheckpointManager.resolve(cfg.run.resume))
-
-    model_config = read_model_config(trainer) or {}
-    _describe(report, cfg, registry, model_path=model_path, built=built, model_config=model_config,
-              train_rows=train_rows, val_rows=val_rows, max_steps=max_steps, needs=needs,
-              dataflow=trainer.dataflow, reused=reused, world_size=world_size, rows_shown=rows_shown)
+    plan = check(cfg, registry)
+    report.warnings += plan.warnings
+    _describe(report, cfg, registry, model_path=plan.model_path, built=cfg.model.path.startswith(BUILTIN_PREFIX),
+              model_config=plan.model_config, train_rows=plan.train_rows, val_rows=plan.val_rows,
+              max_steps=plan.max_steps, needs=plan.needs, dataflow=plan.dataflow, reused=plan.reused,
+              world_size=plan.world_size, rows_shown=rows_shown)
     report.seconds = time.perf_counter() - started
     return report
-
-
-class _Capture(logging.Handler):
-    """Keeps the messages of a logger's warnings (the data loader's), for the report."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def _check_run_dir(cfg: Config, registry: Any, check_output_dir: Callable[[Path], None]) -> None:
-    """The run directory's checks of :func:`verl_core.rundir.open_run_dir`, writing nothing."""
-    from verl_core.rundir import refused_resume
-
-    run_dir = Path(cfg.run.output_dir)
-    check_output_dir(run_dir)
-    problem = refused_resume(run_dir, cfg, registry)
-    if problem is not None:
-        raise problem
 
 
 def _describe(report: DryRunReport, cfg: Config, registry: Any, *, model_path: str, built: bool,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from verl_core.cli import USER_ERROR_EXIT, app
+from verl_cli.cli import USER_ERROR_EXIT, app
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def test_dry_run_of_a_good_config_describes_the_run_and_writes_nothing(cli, mode
 def test_parameter_count_reads_the_weight_file_headers(model_dir: str) -> None:
     from safetensors.torch import load_file
 
-    from verl_core.dryrun import parameter_count
+    from verl_cli.dryrun import parameter_count
 
     tensors = {k: v for f in Path(model_dir).glob("*.safetensors") for k, v in load_file(f).items()}
     assert parameter_count(model_dir) == sum(t.numel() for t in tensors.values())

@@ -1,7 +1,8 @@
-"""The ``verl`` command line: a thin layer over :class:`~verl_core.trainer.Trainer` and the registry.
+"""The ``verl`` command line: a thin layer over the core's public surface (``Trainer``, :mod:`verl_core.api`,
+the config and the registry).
 
 :func:`main` adds the commands of installed ``verl.commands`` plugins (``verl data`` comes from
-verl-data-prepare) before parsing; ``app`` alone holds only the core's commands.
+verl-data-prepare) before parsing; ``app`` alone holds only verl-cli's own commands.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ app.add_typer(config_app, name="config")
 USER_ERROR_EXIT = 2
 #: A run that started and failed (diverged, a dead worker past run.max_restarts, a checkpoint that
 #: cannot be written, a server that stopped answering). Preempted runs exit with
-#: verl_core.signals.PREEMPTED_EXIT (75), runs stopped at once by a signal with 128 + its number.
+#: verl_core.api.PREEMPTED_EXIT (75), runs stopped at once by a signal with 128 + its number.
 RUN_FAILED_EXIT = 1
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from verl_core.checkpoint import CheckpointError
     from verl_core.config import ConfigError
-    from verl_core.registry import PluginError
     from verl_core.contracts import DataError, RewardError
+    from verl_core.kit import CheckpointError
+    from verl_core.registry import PluginError
 
     return (ConfigError, PluginError, DataError, CheckpointError, FileNotFoundError, RewardError)
 
@@ -133,12 +134,8 @@ def run(
     def go() -> None:
         import signal
 
-        from verl_core.boundary import PluginOutputError
-        from verl_core.checkpoint import CheckpointWriteError
-        from verl_core.contracts import ServerError, WorkerFailedError
-        from verl_core.rollout_utils import WeightSyncError
-        from verl_core.signals import PREEMPTED_EXIT, Preempted
-        from verl_core.trainer import Trainer
+        from verl_core import Trainer
+        from verl_core.api import PREEMPTED_EXIT, RUN_FAILURES, CheckpointWriteError, Preempted
 
         cfg, registry = _collect(options)
         trainer = Trainer(cfg, registry=registry)
@@ -159,7 +156,7 @@ def run(
                         f"set run.on_checkpoint_error=\"continue\" to go on without checkpoints that fail",
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(RUN_FAILED_EXIT) from None
-        except (WorkerFailedError, WeightSyncError, ServerError, PluginOutputError) as exc:
+        except RUN_FAILURES as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(RUN_FAILED_EXIT) from None
         if "val/reward_mean" in metrics:
@@ -169,7 +166,7 @@ def run(
 
 
 def _dry_run(options: dict[str, Any]) -> None:
-    from verl_core.dryrun import dry_run
+    from verl_cli.dryrun import dry_run
 
     cfg, registry = _collect(options)
     report = dry_run(cfg, registry)
@@ -248,7 +245,7 @@ def config_show(
 
     def go() -> None:
         from verl_core.config import config_to_dict, dump_toml
-        from verl_core.dryrun import unset_keys
+        from verl_cli.dryrun import unset_keys
 
         cfg, _ = _collect(options)
         # Unset keys (a default that depends on other settings) as comments with what they resolve to.
@@ -318,7 +315,7 @@ def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directo
     """Write a checkpoint's policy as a Hugging Face model (safetensors + tokenizer)."""
     def go() -> None:
         from verl_core.config import ConfigError
-        from verl_core.export import export_checkpoint
+        from verl_cli.export import export_checkpoint
 
         if hf_dir.is_file():
             raise ConfigError("", f"{hf_dir} is a file; give a directory to write the model into")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from verl_core.cli import USER_ERROR_EXIT, app
+from verl_cli.cli import USER_ERROR_EXIT, app
 
 
 @pytest.fixture
