@@ -29,13 +29,22 @@ def verl_cache(tmp_path_factory):
 
 
 @pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh directory on sys.path to hold fake distributions and modules."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+@pytest.fixture
 def run_verl():
     """Run the real `verl` CLI in a subprocess; returns the CompletedProcess."""
     import subprocess
 
     def run(*args, env=None, timeout=600):
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        return subprocess.run([sys.executable, "-m", "verl_core.cli", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "verl_cli", *args], capture_output=True, text=True,
                               env=full_env, timeout=timeout)
 
     return run

@@ -55,7 +55,7 @@ def heavy_lock(path: str) -> Iterator[None]:
 def run_one(name: str, *, steps: int, workdir: Path, env: dict[str, str], overrides: list[str], lock: str,
             data: Path | None) -> dict[str, Any]:
     out = workdir / name
-    cmd = [sys.executable, "-m", "verl_core.cli", "run", "--algo", name, "--output-dir", str(out),
+    cmd = [sys.executable, "-m", "verl_cli", "run", "--algo", name, "--output-dir", str(out),
            "--max-steps", str(steps), "--resume", "never", "run.val_every=0", "run.save_every=0",
            "run.loggers=[\"jsonl\"]"]
     if data is not None:
@@ -156,7 +156,7 @@ def main() -> None:
                                     "ensure_builtin_model; print(ensure_builtin_model())"], env=env, check=True,
                                    capture_output=True, text=True)
         warm = json.loads((Path(build.stdout.strip().splitlines()[-1]) / "warm_start.json").read_text())
-        shown = subprocess.run([sys.executable, "-m", "verl_core.cli", "config", "show", *overrides], env=env,
+        shown = subprocess.run([sys.executable, "-m", "verl_cli", "config", "show", *overrides], env=env,
                                check=True, capture_output=True, text=True).stdout
         prompts = int(_value(shown, "data", "batch_size"))
         n = int(_value(shown, "rollout", "n"))

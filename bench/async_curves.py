@@ -39,7 +39,7 @@ MODES = {"sync": ["trainer.mode='sync'"],
 
 
 def run(mode: str, seed: int, steps: int, lock: str, extra: list[str], out: Path) -> dict:
-    cmd = [sys.executable, "-m", "verl_core.cli", "run", "--output-dir", str(out), *MODES[mode], f"run.seed={seed}",
+    cmd = [sys.executable, "-m", "verl_cli", "run", "--output-dir", str(out), *MODES[mode], f"run.seed={seed}",
            f"run.max_steps={steps}", "run.resume='never'", *extra]
     if lock:
         cmd = ["flock", lock, *cmd]

@@ -31,7 +31,7 @@ def main() -> None:
         model_dir = Path(build.stdout.strip().splitlines()[-1])
         warm = json.loads((model_dir / "warm_start.json").read_text())
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "verl_core.cli", "run", "--output-dir", str(out), *extra],
+        proc = subprocess.run([sys.executable, "-m", "verl_cli", "run", "--output-dir", str(out), *extra],
                               env=env, capture_output=True, text=True)
         run_s = time.perf_counter() - start
         if proc.returncode != 0:

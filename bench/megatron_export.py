@@ -61,7 +61,7 @@ def prepare(root: Path) -> str:
 
 def export(root: Path, mode: str) -> None:
     from verl_core.contracts import TrainingWorker
-    from verl_core.export import export_checkpoint
+    from verl_cli.export import export_checkpoint
     from verl_backend_megatron.backend import MegatronWorker  # imported before the clock starts in both modes
     if mode == "load_state":  # what verl export did before: the whole state, optimizer included
         MegatronWorker.load_saved_weights = MegatronWorker.load_state

@@ -28,7 +28,7 @@ KEYS = ("reward/mean", "actor/grad_norm", "ppo/pg_loss", "ppo/entropy")
 
 
 def one_step(extra: list[str], max_new_tokens: int, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "verl_core.cli", "run", "--max-steps", "1", "--output-dir", str(out),
+    cmd = [sys.executable, "-m", "verl_cli", "run", "--max-steps", "1", "--output-dir", str(out),
            f"rollout.max_new_tokens={max_new_tokens}", "run.val_before_train=false", "run.val_every=0",
            "run.save_every=0", "run.loggers=['jsonl']", *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

@@ -122,7 +122,7 @@ def _sync_times(engine: Any, model_dir: str, repeats: int) -> list[float]:
 
 
 def _verl_run(rollout: str, steps: int, out_dir: Path, extra: tuple[str, ...] = ()) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "verl_core.cli", "run", "--rollout", rollout, "--max-steps", str(steps),
+    cmd = [sys.executable, "-m", "verl_cli", "run", "--rollout", rollout, "--max-steps", str(steps),
            "--output-dir", str(out_dir), "run.val_before_train=false", "data.max_val_samples=50", "run.threads=1",
            "run.save_every=0", *extra]
     start = time.perf_counter()

@@ -21,4 +21,4 @@ python3 -m pip uninstall -y torchvision torchaudio torchcodec
 # SGLang pins its own torch (2.14.1), so it gets a virtualenv of its own; the sglang rollout launches
 # its server from there (~/.cache/verl/sglang-0.5.23, or $VERL_SGLANG_VENV). The lean install leaves
 # out SGLang's CUDA-only kernel packages: about 3-5 minutes and 7 GB, once (later runs find it built).
-python3 -m verl_core.cli sglang setup
+python3 -m verl_cli sglang setup

@@ -74,7 +74,7 @@ def test_the_dry_run_answers_in_seconds(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from typer.testing import CliRunner; from verl_core.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from verl_cli.cli import app; "
             f"r = CliRunner().invoke(app, ['run', '--dry-run', '--backend', 'megatron', '--rollout', 'sglang', "
             f"'--algo', 'dapo', '--output-dir', {str(tmp_path / 'r')!r}]); print(r.exit_code); print(r.output); "
             "print(sorted(m for m in ('megatron.core', 'sglang', 'vllm', 'ray') if m in sys.modules))")

@@ -103,7 +103,7 @@ def test_user_errors_exit_2_without_traceback(run_verl):
     # (every first-party distribution is installed here).
     hide = ("import importlib.metadata as m, sys; real = m.distributions; "
             "m.distributions = lambda **kw: [d for d in real(**kw) if d.metadata['Name'] != 'verl-backend-megatron']; "
-            "from verl_core.cli import main; sys.argv[0] = 'verl'; sys.exit(main())")
+            "from verl_cli.cli import main; sys.argv[0] = 'verl'; sys.exit(main())")
     res = subprocess.run([sys.executable, "-c", hide, "run", "--backend", "megatron"], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert res.returncode == 2 and "pip install verl-backend-megatron" in res.stderr
@@ -147,7 +147,7 @@ def test_plugins_list_imports_no_engine():
     import subprocess
     import sys
 
-    code = ("import sys; from verl_core.cli import app; from typer.testing import CliRunner; "
+    code = ("import sys; from verl_cli.cli import app; from typer.testing import CliRunner; "
             "r = CliRunner().invoke(app, ['plugins', 'list']); assert r.exit_code == 0, r.output; "
             "print(sorted(m for m in ('torch', 'vllm', 'sglang', 'megatron', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

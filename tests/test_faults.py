@@ -65,7 +65,7 @@ def cli(*args: str) -> Outcome:
     gets on stderr; under pytest the logging capture would keep them)."""
     from typer.testing import CliRunner
 
-    from verl_core.cli import app
+    from verl_cli.cli import app
 
     warnings = _Lines()
     logging.getLogger().addHandler(warnings)
@@ -277,7 +277,7 @@ def sigterm_from_outside(tmp: Path, mp: pytest.MonkeyPatch, *, twice: bool = Fal
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # Twice: longer steps (64 prompts x 8), so that the second signal surely comes before the step ends.
     longer = ["data.batch_size=64", "rollout.n=8"] if twice else []
-    proc = subprocess.Popen([sys.executable, "-m", "verl_core.cli", "run", *FAST, *longer, "run.max_steps=500",
+    proc = subprocess.Popen([sys.executable, "-m", "verl_cli", "run", *FAST, *longer, "run.max_steps=500",
                              f"run.output_dir='{tmp / OUT}'"], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 300
@@ -559,7 +559,7 @@ def kill_a_worker(tmp: Path, *overrides: str, kills: int = 1, steps: int = 6) ->
 
     log = open(tmp / "verl.log", "w+")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "verl_core.cli", "run", *FAST, *RAY, f"run.max_steps={steps}",
+    proc = subprocess.Popen([sys.executable, "-m", "verl_cli", "run", *FAST, *RAY, f"run.max_steps={steps}",
                              f"run.output_dir='{tmp / OUT}'", *overrides], stdout=log, stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)
     seen: set[int] = set()
@@ -597,7 +597,7 @@ def kill_a_worker(tmp: Path, *overrides: str, kills: int = 1, steps: int = 6) ->
 @pytest.fixture(scope="module")
 def ray_uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("ray-uninterrupted")
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "run", *FAST, *RAY, "run.max_steps=6",
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "run", *FAST, *RAY, "run.max_steps=6",
                           f"run.output_dir='{tmp / OUT}'"], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -619,7 +619,7 @@ worker_killed_restarted.needs_ray_reference = True  # type: ignore[attr-defined]
 def same_policy(a: Path, b: Path, tmp: Path) -> None:
     from safetensors.torch import load_file
 
-    from verl_core.export import export_checkpoint
+    from verl_cli.export import export_checkpoint
 
     weights = []
     for i, ckpt in enumerate((a, b)):

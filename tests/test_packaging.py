@@ -52,7 +52,7 @@ def test_every_distribution_builds_and_a_fresh_virtualenv_installs_and_trains(tm
     assert built.returncode == 0, (built.stdout + built.stderr)[-4000:]
 
     ours = set(script.distributions())
-    assert {"verl", "verl-core", "verl-rollout-vllm", "verl-executor-torchrun", "verl-backend-megatron"} <= ours
+    assert {"verl", "verl-core", "verl-cli", "verl-rollout-vllm", "verl-executor-torchrun", "verl-backend-megatron"} <= ours
     wheels = {}
     for name in ours:
         stem = name.replace("-", "_")

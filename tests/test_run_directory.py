@@ -37,7 +37,7 @@ def snapshot(run_dir: Path) -> dict[str, bytes]:
 
 def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "verl_core.cli", "run", *FAST, f"run.output_dir='{run_dir}'",
+    return subprocess.Popen([sys.executable, "-m", "verl_cli", "run", *FAST, f"run.output_dir='{run_dir}'",
                              *overrides], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -118,7 +118,7 @@ def grpo_run(tmp_path_factory) -> Path:
     """A finished 2-step GRPO run (copied by each test that tries to resume it)."""
     from typer.testing import CliRunner
 
-    from verl_core.cli import app
+    from verl_cli.cli import app
 
     run_dir = tmp_path_factory.mktemp("grpo") / "run"
     result = CliRunner().invoke(app, ["run", *FAST, "run.max_steps=2", f"run.output_dir='{run_dir}'"])
@@ -165,7 +165,7 @@ def test_resuming_a_grpo_directory_as_ppo_or_with_another_model_exits_2_and_chan
 def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_runs(tmp_path, grpo_run):
     from typer.testing import CliRunner
 
-    from verl_core.cli import app
+    from verl_cli.cli import app
 
     run_dir = _copy(grpo_run, tmp_path)
     config = (run_dir / "config.toml").read_bytes()
@@ -182,7 +182,7 @@ def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_
 def test_force_resumes_what_differs_and_never_starts_over_setting_the_earlier_run_aside(tmp_path, grpo_run):
     from typer.testing import CliRunner
 
-    from verl_core.cli import app
+    from verl_cli.cli import app
 
     run_dir = _copy(grpo_run, tmp_path)
     config = (run_dir / "config.toml").read_bytes()

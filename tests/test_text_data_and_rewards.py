@@ -20,7 +20,7 @@ def gsm8k_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("gsm8k")
     src = sample_path("gsm8k")
     args = ["data", "prepare", "gsm8k", "-i", str(src / "train.jsonl"), "-i", str(src / "test.jsonl"), "-o", str(out)]
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", *args], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "verl_cli", *args], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     return out
 

@@ -20,7 +20,7 @@ FAST = ["data.batch_size=16", "rollout.n=4", "data.max_val_samples=40", "run.val
 
 
 def _cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "verl_core.cli", "run", "--backend", "megatron", *args]
+    return [sys.executable, "-m", "verl_cli", "run", "--backend", "megatron", *args]
 
 
 def _run(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def test_builtin_task_learns_with_megatron(tmp_path: Path) -> None:
 def _hf_weights(run: Path, out: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "export", str(run), str(out)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "export", str(run), str(out)], capture_output=True,
                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return load_file(str(out / "model.safetensors"))

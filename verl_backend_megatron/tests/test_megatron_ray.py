@@ -182,7 +182,7 @@ def test_verl_export_of_a_multi_rank_checkpoint(name: str, ray_session, one_proc
         (tmp / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
 
     CheckpointManager(tmp_path / "run").save(STEPS, write, info={})
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     from safetensors.torch import load_file

@@ -1,6 +1,6 @@
 """The plugin kinds that extend verl beyond the training loop: ``builtin:`` models and datasets
-(``verl.models``, ``verl.datasets``) and CLI commands (``verl.commands``). (Rewards that claim data
-sources for ``reward.name = "auto"`` are tested in verl-rewards.)
+(``verl.models``, ``verl.datasets``) and data readers (``verl.data_readers``). (CLI commands, ``verl.commands``,
+are tested in verl-cli; rewards that claim data sources for ``reward.name = "auto"`` are tested in verl-rewards.)
 
 Each test writes throw-away distributions (dist-info metadata plus a module) into a temporary
 directory, so the real ``importlib.metadata`` discovery runs without installing anything.
@@ -14,8 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from verl_core.registry import PluginRegistry, UnknownPluginError
 
@@ -193,48 +191,3 @@ def test_a_data_reader_plugin_is_checked_before_models_and_its_rows_where_they_e
                                                 rf"\[0, {vocab}\), the model's vocabulary. Nothing was trained"):
         load_data(t)
 
-
-COMMANDS = """
-    import typer
-
-    group = typer.Typer()
-
-    @group.command("hello")
-    def hello(name: str = "verl"):
-        print(f"hello {name}")
-
-    def shout():
-        print("HEY")
-
-    not_a_command = 42
-"""
-
-
-def test_command_plugins_are_added_and_broken_ones_only_skipped(plugin, site: Path, capsys) -> None:
-    from verl_core.cli import add_plugin_commands
-
-    (site / "_verl_kinds_broken.py").write_text("raise ImportError('needs a missing package')\n")
-    plugin(COMMANDS, {"verl.commands": {"greet": "group", "shout": "shout", "run": "shout", "odd": "not_a_command"}})
-    broken = site / "_verl_kinds_broken-1.0.dist-info"
-    broken.mkdir()
-    (broken / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-kinds-broken\nVersion: 1.0\n")
-    (broken / "entry_points.txt").write_text("[verl.commands]\nbroken = _verl_kinds_broken:app\n\n"
-                                             "[verl.plugin_api]\nv3 = unused\n")
-    registry = PluginRegistry(paths=[str(site)], core_version="0.1.0")
-    app = typer.Typer()
-
-    @app.command("run")
-    def run() -> None:
-        print("core run")
-
-    add_plugin_commands(app, registry)
-    add_plugin_commands(app, registry)  # idempotent: nothing is added twice
-    notes = capsys.readouterr().err
-    assert "skipping command plugin 'broken'" in notes and "needs a missing package" in notes
-    assert "skipping command plugin 'run'" in notes and "already has a command of that name" in notes
-    assert "skipping command plugin 'odd'" in notes
-    runner = CliRunner()
-    assert runner.invoke(app, ["greet", "hello", "--name", "you"]).output == "hello you\n"
-    assert runner.invoke(app, ["shout"]).output == "HEY\n"
-    assert runner.invoke(app, ["run"]).output == "core run\n"
-    sys.modules.pop("_verl_kinds_broken", None)

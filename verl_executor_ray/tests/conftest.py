@@ -21,7 +21,7 @@ def start_verl(tmp_path):
     def start(*args, env=None):
         log = open(tmp_path / f"verl-{len(started)}.log", "w+")
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "verl_core.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, "-m", "verl_cli", *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=full_env, start_new_session=True)
         proc.log = log  # type: ignore[attr-defined]
         started.append(proc)

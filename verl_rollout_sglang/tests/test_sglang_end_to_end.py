@@ -15,7 +15,7 @@ FAST = ["data.batch_size=16", "rollout.n=4", "data.max_val_samples=40", "run.val
 
 def _run(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "verl_core.cli", "run", "--rollout", "sglang", *args],
+    return subprocess.run([sys.executable, "-m", "verl_cli", "run", "--rollout", "sglang", *args],
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 

@@ -33,7 +33,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_run_syncs_every_step_and_resumes_onto_checkpoint_weights(tmp_path: Path, cache: Path) -> None:
     out = tmp_path / "run"
     # With the truncated importance-sampling correction on, which needs the rollout's log-probs.
-    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
+    res = _run("-m", "verl_cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
                *FAST, "algorithm.rollout_is_cap=2.0", cache=cache)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -69,7 +69,7 @@ def test_run_syncs_every_step_and_resumes_onto_checkpoint_weights(tmp_path: Path
 
 
 def test_engine_that_cannot_start_stops_the_run_with_the_fix(tmp_path: Path, cache: Path) -> None:
-    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
+    res = _run("-m", "verl_cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
                str(tmp_path / "run"), *FAST[:-1], "rollout.kv_cache_gb=100000", cache=cache, timeout=300)
     text = res.stdout + res.stderr
     # A setting the machine cannot satisfy is a user error: exit 2, the key, the fix, no traceback.
@@ -81,7 +81,7 @@ def test_engine_that_cannot_start_stops_the_run_with_the_fix(tmp_path: Path, cac
 def test_lora_run_syncs_adapters_and_a_mismatch_is_a_config_error(tmp_path: Path, cache: Path) -> None:
     lora = ["backend.lora_rank=4", "backend.lora_sync=adapters"]
     out = tmp_path / "run"
-    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
+    res = _run("-m", "verl_cli", "run", "--rollout", "vllm", "--max-steps", "2", "--output-dir", str(out),
                *FAST, *lora, "rollout.max_lora_rank=8", cache=cache)
     assert res.returncode == 0, res.stderr[-3000:]
     train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "ppo/actor_loss" in line]
@@ -89,7 +89,7 @@ def test_lora_run_syncs_adapters_and_a_mismatch_is_a_config_error(tmp_path: Path
     # The second step's rollout came from base + the adapter trained in step 1: same policy as the trainer.
     assert train[1]["rollout/log_prob_diff_max"] < 1e-3
     # An engine that serves no adapters is refused before the first step, naming the key.
-    res = _run("-m", "verl_core.cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
+    res = _run("-m", "verl_cli", "run", "--rollout", "vllm", "--max-steps", "1", "--output-dir",
                str(tmp_path / "bad"), *FAST, *lora, cache=cache)
     assert res.returncode == 2, res.stderr[-3000:]
     assert "backend.lora_sync:" in res.stderr and "rollout.max_lora_rank" in res.stderr

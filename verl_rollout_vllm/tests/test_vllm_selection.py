@@ -30,7 +30,7 @@ def test_importing_the_plugins_does_not_import_vllm() -> None:
 def test_selecting_vllm_without_vllm_fails_with_the_install_command() -> None:
     # sys.modules["vllm"] = None makes vLLM unimportable, as on a machine without it.
     res = _python("import sys; sys.modules['vllm'] = None\n"
-                  "from verl_core.cli import main\n"
+                  "from verl_cli.cli import main\n"
                   "sys.argv = ['verl', 'config', 'show', '--rollout', 'vllm']\n"
                   "main()")
     assert res.returncode == 2, res.stdout + res.stderr

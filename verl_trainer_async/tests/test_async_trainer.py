@@ -337,7 +337,7 @@ def test_the_forward_runs_with_several_epochs_or_mini_batches(tmp_path: Path) ->
 def _cli_run(run_dir: Path, overrides: list[str]) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "verl_core.cli", "run", *FAST, "run.resume='auto'", *overrides,
+    return [sys.executable, "-m", "verl_cli", "run", *FAST, "run.resume='auto'", *overrides,
             f"run.output_dir='{run_dir}'"]
 
 

@@ -105,7 +105,7 @@ def test_verl_run_auto_logs_its_choice_and_trains(tmp_path: Path) -> None:
     the metrics and the checkpoint (this machine's cores decide which; on 2 cores it is sync)."""
     run_dir = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "verl_core.cli", "run", *FAST, "run.loggers=['jsonl']",
+    done = subprocess.run([sys.executable, "-m", "verl_cli", "run", *FAST, "run.loggers=['jsonl']",
                            "trainer.mode='auto'", "trainer.auto_steps=2", "run.max_steps=4",
                            f"run.output_dir='{run_dir}'"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

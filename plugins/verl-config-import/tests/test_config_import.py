@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from verl_core.cli import app
+from verl_cli.cli import app
 from verl_core.config import tomllib
 
 # verl's PPO quick start (docs/start/quickstart.rst), as its command line gives it.

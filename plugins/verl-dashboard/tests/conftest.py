@@ -24,7 +24,7 @@ SMALL = ["data.batch_size=8", "rollout.n=4", "data.max_val_samples=32", "run.thr
 
 def verl_run(out: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "verl_core.cli", "run", "--output-dir", str(out), *overrides],
+    return subprocess.run([sys.executable, "-m", "verl_cli", "run", "--output-dir", str(out), *overrides],
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 

@@ -170,7 +170,7 @@ def test_config_diff_and_the_runs_view(finished_runs, tmp_path, dashboard, page,
 
 def test_the_report_shows_the_same_views_offline(finished_runs, tmp_path, page, screenshot):
     out = tmp_path / "report.html"
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "report", str(finished_runs), "-o", str(out)],
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "report", str(finished_runs), "-o", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     fetched = []
@@ -198,7 +198,7 @@ def test_a_real_run_is_followed_live(tmp_path, verl_cache, dashboard, page, scre
     page.goto(server.url)
     overrides = ["data.batch_size=8", "rollout.n=4", "data.max_val_samples=32", "run.threads=1", "run.save_every=4",
                  "run.max_steps=12", "run.val_every=4"]
-    proc = subprocess.Popen([sys.executable, "-m", "verl_core.cli", "run", "--output-dir", str(root / "live-run"),
+    proc = subprocess.Popen([sys.executable, "-m", "verl_cli", "run", "--output-dir", str(root / "live-run"),
                              *overrides], env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -110,7 +110,7 @@ def _wait_for_url(proc: subprocess.Popen) -> str:
 
 
 def test_verl_dashboard_serves_the_page_and_the_api(finished_runs: Path):
-    proc = subprocess.Popen([sys.executable, "-m", "verl_core.cli", "dashboard", str(finished_runs), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "verl_cli", "dashboard", str(finished_runs), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = _wait_for_url(proc)
@@ -131,14 +131,14 @@ def test_verl_dashboard_serves_the_page_and_the_api(finished_runs: Path):
 
 
 def test_verl_dashboard_refuses_a_missing_directory(tmp_path: Path):
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "dashboard", str(tmp_path / "nope")],
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "dashboard", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "is not a directory" in res.stderr
 
 
 def test_verl_report_writes_one_self_contained_file(finished_runs: Path, tmp_path: Path):
     out = tmp_path / "report.html"
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "report", str(finished_runs), "-o", str(out)],
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "report", str(finished_runs), "-o", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert f"wrote {out}" in res.stdout

@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from verl_core.cli import add_plugin_commands, app
+from verl_cli.cli import add_plugin_commands, app
 from verl_data import load_rows, render_rows
 from verl_core.testing import build_byte_tokenizer
 from verl_data_prepare.prepare import sample_path
@@ -21,7 +21,7 @@ def _prepare(*args):
 
 
 def test_verl_has_the_data_prepare_command():
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "data", "prepare", "--help"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "data", "prepare", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "--input" in res.stdout and "--output" in res.stdout and "skipping" not in res.stderr

@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from verl_core.cli import add_plugin_commands, app
+from verl_cli.cli import add_plugin_commands, app
 from verl_data_prepare.prepare import sample_path
 
 

@@ -229,7 +229,7 @@ def test_errors_name_the_setting_and_the_fix():
 def _verl_run_on_the_example(tmp_path, port, *overrides):
     """`verl run --env openenv` on the launched example server through the CLI; its metrics, step by step."""
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "run", "--env", "openenv", "--output-dir", str(out),
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "run", "--env", "openenv", "--output-dir", str(out),
                           f"environment.launch={EXAMPLE}", f"environment.port={port}", "run.save_every=0", *overrides],
                          capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]

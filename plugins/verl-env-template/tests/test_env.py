@@ -48,7 +48,7 @@ def test_a_row_without_ground_truth_is_refused_with_the_fix():
 @pytest.mark.slow
 def test_verl_run_env_trains_two_steps(tmp_path):
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "run", "--env", ENV_NAME, "--output-dir", str(out),
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "run", "--env", ENV_NAME, "--output-dir", str(out),
                           "run.max_steps=2", "run.save_every=0", "data.max_val_samples=50"],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]

@@ -21,7 +21,7 @@ HERE = Path(__file__).parent  # pausing_parser.py: Hermes, and a pause at an exa
 
 
 def _cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "verl_core.cli", "run", "--env", "tools", "--output-dir", str(out), *SMALL, *extra]
+    return [sys.executable, "-m", "verl_cli", "run", "--env", "tools", "--output-dir", str(out), *SMALL, *extra]
 
 
 def _train_rows(out: Path) -> dict[int, dict]:

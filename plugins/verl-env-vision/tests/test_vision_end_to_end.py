@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def _run(out: Path, *args: str) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    res = subprocess.run([sys.executable, "-m", "verl_core.cli", "run", "--env", "vision", "--output-dir", str(out),
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "run", "--env", "vision", "--output-dir", str(out),
                           *args], capture_output=True, text=True, env=env, timeout=3000)
     assert res.returncode == 0, res.stderr[-3000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

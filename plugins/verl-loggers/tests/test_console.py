@@ -59,7 +59,7 @@ def test_a_real_run_shows_a_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE",
                                                             "TTY_INTERACTIVE")}
     env.update(OMP_NUM_THREADS="1", COLUMNS="200", TERM="xterm-256color")
-    code, text = _in_a_terminal([sys.executable, "-m", "verl_core.cli", "run", "--output-dir", str(tmp_path / "tty"),
+    code, text = _in_a_terminal([sys.executable, "-m", "verl_cli", "run", "--output-dir", str(tmp_path / "tty"),
                                  *FAST], env)
     assert code == 0, text[-3000:]
     assert "━" in text and "\x1b[" in text
