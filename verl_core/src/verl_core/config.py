@@ -541,7 +541,8 @@ def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str
     if not name or not isinstance(name, str):
         return raw
     environment = plugin_for_key(registry, "environment", name, "environment.name")
-    task = getattr(environment, "task", None) or {}
+    task_for = getattr(environment, "task_for", None)  # a task that follows the [environment] settings
+    task = (task_for(env) if callable(task_for) else getattr(environment, "task", None)) or {}
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     for section, values in task.items():
         current = out.setdefault(section, {})

@@ -100,6 +100,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-env-tools": {"environment": ("tools",), "model": ("tiny-qwen2-tools",), "dataset": ("tool-arithmetic",),
                        "reward": ("tool_arithmetic", "code_tests")},
     "verl-env-openenv": {"environment": ("openenv",)},
+    "verl-env-verifiers": {"environment": ("verifiers",), "dataset": ("verifiers",), "reward": ("verifiers",)},
     "verl-algorithms": {"algorithm": ("grpo", "ppo")},
     "verl-algo-contrib": {"algorithm": "*"},
     "verl-trainer-async": {"step_source": ("colocate_async", "separate_async", "auto")},

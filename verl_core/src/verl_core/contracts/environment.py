@@ -62,7 +62,8 @@ class Environment(abc.ABC):
     ``reset``, ``step`` and ``close`` may be coroutines. An environment that offers tools returns
     their OpenAI-style function schemas from :meth:`tools`; the chat template gets them as ``tools=``.
     ``task`` is the built-in task ``verl run --env NAME`` runs (settings by section, layered under
-    the user's, e.g. ``{"model": {"path": "builtin:..."}, "data": {"train": "builtin:..."}}``).
+    the user's, e.g. ``{"model": {"path": "builtin:..."}, "data": {"train": "builtin:..."}}``); a class
+    method ``task_for(section)`` gives one that depends on the ``[environment]`` section instead.
     """
 
     Config: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
