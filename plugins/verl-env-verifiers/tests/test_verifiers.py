@@ -157,9 +157,9 @@ def test_verl_run_env_verifiers_trains_two_steps(tmp_path):
 
 @pytest.mark.heavy
 def test_the_built_in_model_learns_a_verifiers_environment(tmp_path):
-    """The README's figure (validation reward at steps 0, 20, 40; 2 CPU cores)."""
+    """The README's figure: validation reward 0.260 -> 0.610 -> 0.680 at steps 0/20/40 (~4 min on 2 CPU cores)."""
     steps = _verl_run_on_sums(tmp_path, "run.max_steps=40", "run.val_every=20")
     val = {m["step"]: m["val/reward_mean"] for m in steps if "val/reward_mean" in m}
     train = [m["env/reward_mean"] for m in steps if "env/reward_mean" in m]
     print("val/reward_mean", val, "env/reward_mean first 5", sum(train[:5]) / 5, "last 5", sum(train[-5:]) / 5)
-    assert val[40] >= val[0] + 0.06, val
+    assert val[40] >= val[0] + 0.20, val
