@@ -50,7 +50,7 @@ class _Steps:
 @pytest.mark.parametrize("override, match", [
     ("trainer.max_staleness=-1", "trainer.max_staleness: must be >= 0"),
     ("trainer.mode='overlap'",
-     "trainer.mode: no step_source plugin named 'overlap'.*colocate_async, separate_async, sync"),
+     "trainer.mode: no step_source plugin named 'overlap'.*colocate_async, partial, separate_async, sync"),
     ("trainer.on_stale='skip'", "trainer.on_stale: must be 'wait' or 'drop'"),
     ("trainer.producer='fork'", "trainer.producer: must be one of"),
     # In sync mode the overlapping modes' settings are refused unless at their defaults (old config.toml files).

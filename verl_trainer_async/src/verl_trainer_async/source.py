@@ -24,7 +24,8 @@ from verl_core.contracts import ConfigError
 from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                          snapshot_weights, with_version)
 
-__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP"]
+__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "check_stale_samples",
+           "stale_sample_defaults"]
 
 #: The truncated importance-sampling cap stale samples are weighed with, unless the algorithm section sets
 #: ``rollout_is_cap`` (0 turns it off). Measured in bench/results/async_curves.md: without it, one-step
@@ -72,6 +73,35 @@ class AsyncConfig:
             raise ConfigError("producer_threads", "must be >= 0 (0: half of run.threads)")
 
 
+def stale_sample_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[dict[str, dict[str, Any]], str]:
+    """``algorithm.rollout_is_cap = ASYNC_ROLLOUT_IS_CAP`` for a mode that trains stale samples, unless the user
+    set it or takes the rollout's log-probs as the old ones, and the algorithm has the setting."""
+    trainer = raw.get("trainer") if isinstance(raw.get("trainer"), Mapping) else {}
+    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
+    if "rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True:
+        return {}, ""
+    name = algorithm.get("name", CORE_SECTIONS["algorithm"].default)
+    config_cls = getattr(registry.load("algorithm", name), "Config", None) if isinstance(name, str) else None
+    if config_cls is None or "rollout_is_cap" not in {f.name for f in dataclasses.fields(config_cls)}:
+        return {}, ""
+    return ({"algorithm": {"rollout_is_cap": ASYNC_ROLLOUT_IS_CAP}},
+            f"; trainer.mode={trainer.get('mode')!r} sets algorithm.rollout_is_cap={ASYNC_ROLLOUT_IS_CAP} "
+            f"(truncated importance weights for stale samples; algorithm.rollout_is_cap=0 turns them off)")
+
+
+def check_stale_samples(*, mode: str, algorithm: str, generates: bool, off_policy: bool) -> None:
+    """Refuse (``trainer.mode``) an algorithm that generates nothing, or cannot train samples of older weights."""
+    if not generates:
+        raise ConfigError("trainer.mode", f"algorithm {algorithm!r} generates nothing (its step has no rollout "
+                                          f"stage), so {mode!r} has no generation to overlap or carry over; use "
+                                          f"trainer.mode='sync'")
+    if not off_policy:
+        raise ConfigError("trainer.mode", f"{mode!r} trains on samples from older weights, and algorithm "
+                                          f"{algorithm!r} cannot (its Requirements.off_policy is false: no "
+                                          f"importance ratio); use trainer.mode='sync', or an algorithm with one "
+                                          f"(grpo, ppo, dapo)")
+
+
 def _producer_threads(config: AsyncConfig, threads: int) -> int:
     return config.producer_threads or max(1, threads // 2)
 
@@ -85,14 +115,7 @@ class AsyncSource(StepSource):
     @classmethod
     def check(cls, config: AsyncConfig, *, mode: str, algorithm: str, generates: bool, off_policy: bool,
               executor: Any, executor_config: Any) -> None:
-        if not generates:
-            raise ConfigError("trainer.mode", f"algorithm {algorithm!r} generates nothing (its step has no rollout "
-                                              f"stage), so there is no generation to overlap; use trainer.mode='sync'")
-        if not off_policy:
-            raise ConfigError("trainer.mode", f"{mode!r} trains on samples from older weights, and algorithm "
-                                              f"{algorithm!r} cannot (its Requirements.off_policy is false: no "
-                                              f"importance ratio); use trainer.mode='sync', or an algorithm with one "
-                                              f"(grpo, ppo, dapo)")
+        check_stale_samples(mode=mode, algorithm=algorithm, generates=generates, off_policy=off_policy)
         problem = executor.trainer_mode_problem(executor_config, mode)
         if problem:
             raise ConfigError("trainer.mode", problem)
@@ -110,20 +133,11 @@ class AsyncSource(StepSource):
         """With stale samples allowed, the algorithm's importance-sampling correction is on
         (``ASYNC_ROLLOUT_IS_CAP``) unless the user set it, or reuses the rollout's log-probs."""
         trainer = raw.get("trainer") if isinstance(raw.get("trainer"), Mapping) else {}
-        algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
         try:
             stale = int(trainer.get("max_staleness", AsyncConfig.max_staleness)) > 0
         except (TypeError, ValueError):  # the section's own check names the bad value
             return {}, ""
-        if not stale or "rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True:
-            return {}, ""
-        name = algorithm.get("name", CORE_SECTIONS["algorithm"].default)
-        config_cls = getattr(registry.load("algorithm", name), "Config", None) if isinstance(name, str) else None
-        if config_cls is None or "rollout_is_cap" not in {f.name for f in dataclasses.fields(config_cls)}:
-            return {}, ""
-        return ({"algorithm": {"rollout_is_cap": ASYNC_ROLLOUT_IS_CAP}},
-                f"; trainer.mode={trainer.get('mode')!r} sets algorithm.rollout_is_cap={ASYNC_ROLLOUT_IS_CAP} "
-                f"(truncated importance weights for stale samples; algorithm.rollout_is_cap=0 turns them off)")
+        return stale_sample_defaults(raw, registry) if stale else ({}, "")
 
     # -------------------------------------------------------------------- the run
     def __init__(self, config: AsyncConfig, *, trainer: Any,
