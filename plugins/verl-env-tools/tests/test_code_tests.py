@@ -212,3 +212,37 @@ def test_verl_run_two_steps_with_code_tests_on_the_prepared_sample(tmp_path: Pat
     train = [r for r in rows if "reward/mean" in r and "step" in r]
     assert [r["step"] for r in train][-2:] == [1, 2]
     assert all(0.0 <= r["reward/mean"] <= 1.0 and r["reward/errors"] == 0 for r in train)
+
+
+def test_the_built_in_code_task_is_graded_by_code_tests(reward: CodeTestsReward) -> None:
+    from verl_env_tools.code_task import DATA_SOURCE, make_dataset
+    from verl_rewards.functions import resolve_data_source
+
+    train, test = make_dataset()
+    assert (len(train), len(test)) == (7600, 500) and resolve_data_source(DATA_SOURCE, registry=PluginRegistry()) == "code_tests"
+    for row in test[:3]:
+        truth, program = row["reward_model"]["ground_truth"], row["extra_info"]["program"]
+        a, b = map(int, row["prompt"][0]["content"].split("+"))
+        assert program == f"print({a + b})" and reward(program, truth) == 1.0
+        assert reward(f"print({a}+{b})", truth) == 1.0  # any program that prints the sum passes
+        for wrong in (f"print({a + b + 1})", f"print({a + b}", f"{a + b}", f"print({a + b})x"):
+            assert reward(wrong, truth) == 0.0, wrong
+
+
+@pytest.mark.heavy
+def test_the_built_in_code_model_learns_under_code_tests(tmp_path: Path) -> None:
+    """The README's figure: greedy pass fraction 0.185 -> 0.25 -> 0.295 at steps 0/20/40 (about 5 minutes on
+    2 cores with the model's warm start; each rollout's program runs in its own sandbox process)."""
+    import os
+
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "verl_cli", "run", "--model", "builtin:tiny-qwen2-code", "--data",
+                          "builtin:code-sums", "run.max_steps=40", "run.val_every=20", "run.threads=1",
+                          "--output-dir", str(out)],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    val = {m["step"]: round(m["val/reward_mean"], 3) for m in steps if "val/reward_mean" in m}
+    print("val/reward_mean by step:", val)
+    assert val[40] >= val[0] + 0.05, val
+    assert all(m.get("reward/errors", 0) == 0 and m.get("val/reward_errors", 0) == 0 for m in steps)

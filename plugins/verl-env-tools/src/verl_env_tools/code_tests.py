@@ -216,9 +216,9 @@ class CodeTestsReward:
 
     Config = CodeTestsConfig
     # reward.name = "auto" routes these data_sources here (MBPP and HumanEval as on the Hub, and the
-    # names verl's own preprocessing gives APPS, CodeContests and TACO rows).
+    # names verl's own preprocessing gives APPS, CodeContests and TACO rows, and builtin:code-sums).
     data_sources = ("google-research-datasets/mbpp", "mbpp", "Muennighoff/mbpp", "openai/openai_humaneval",
-                    "openai_humaneval", "humaneval", "apps", "codecontests", "taco")
+                    "openai_humaneval", "humaneval", "apps", "codecontests", "taco", "code_sums")
 
     def __init__(self, config: CodeTestsConfig | None = None) -> None:
         self.config = config or CodeTestsConfig()
