@@ -95,3 +95,21 @@ def test_lora_run_syncs_adapters_and_a_mismatch_is_a_config_error(tmp_path: Path
     assert "backend.lora_sync:" in res.stderr and "rollout.max_lora_rank" in res.stderr
     assert not (tmp_path / "bad" / "metrics.jsonl").exists() or "ppo/actor_loss" not in (
         tmp_path / "bad" / "metrics.jsonl").read_text()
+
+
+def test_partial_rollouts_resume_carried_samples_on_vllm(tmp_path: Path, cache: Path) -> None:
+    """trainer.mode='partial' (issue 33): samples cut at 1 token a round are resumed on the next weights from prompt +
+    partial response (vLLM generates from token ids), carried across steps, and weighed against vLLM's log-probs."""
+    out = tmp_path / "run"
+    res = _run("-m", "verl_cli", "run", "--rollout", "vllm", "--max-steps", "3", "--output-dir", str(out),
+               *FAST, "run.val_before_train=false", "trainer.mode='partial'", "trainer.token_budget=1", cache=cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if "ppo/actor_loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["partial/rounds"] >= 2 and r["timing/sync_weights"] > 0 for r in train)
+    assert max(r["partial/staleness"] for r in train) >= 1 and max(r["partial/stale_token_frac"] for r in train) > 0
+    # Stale tokens are weighed by min(pi_old / pi_vllm, 2): near 1 after one small update, and never the cap's mean.
+    assert all(0.5 < r["ppo/rollout_is_weight_mean"] < 1.5 for r in train)
+    state = json.loads((out / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
+    assert len(state["prompts"]) == 16
