@@ -57,3 +57,19 @@ def test_missing_server_python_is_a_config_error_before_any_model_loads(tmp_path
     assert res.returncode == 2, res.stderr[-2000:]
     assert "rollout.server_python" in res.stderr and "/nonexistent/python" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_partial_rollouts_resume_carried_samples_on_sglang(tmp_path: Path) -> None:
+    """trainer.mode='partial' (issue 33): samples cut at 1 token a round are resumed on the next weights from prompt +
+    partial response (SGLang's /generate takes input_ids), carried across steps, and weighed against its log-probs."""
+    res = _run("--max-steps", "3", "--output-dir", str(tmp_path / "run"), *FAST, "run.val_before_train=false",
+               "trainer.mode='partial'", "trainer.token_budget=1", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    train = [r for r in _rows(tmp_path / "run") if "ppo/actor_loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["partial/rounds"] >= 2 and r["timing/sync_weights"] > 0 for r in train)
+    assert max(r["partial/staleness"] for r in train) >= 1 and max(r["partial/stale_token_frac"] for r in train) > 0
+    assert all(0.5 < r["ppo/rollout_is_weight_mean"] < 1.5 for r in train)
