@@ -24,6 +24,8 @@ from typing import Any, Sequence
 from verl_core.contracts import DatasetProvider, ModelProvider
 from verl_kit.builtin import build_once, byte_level_tokenizer, one_torch_thread
 
+from verl_env_tools.task import build_model
+
 __all__ = ["CodeSums", "TinyQwen2Code", "DATA_SOURCE", "make_dataset", "build_tokenizer", "ensure_model"]
 
 DATA_SOURCE = "code_sums"
@@ -75,23 +77,6 @@ class TinyQwen2Code(ModelProvider):
 
     def model_dir(self) -> str:
         return str(ensure_model())
-
-
-def build_model(tokenizer: Any, *, seed: int = SEED) -> Any:
-    import torch
-    import transformers
-
-    config = transformers.Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<bos>"), tie_word_embeddings=False, dtype="float32")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model.eval()
 
 
 def _ids(tokenizer: Any, rows: Sequence[dict]) -> Any:
@@ -160,7 +145,7 @@ def ensure_model(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
             torch.manual_seed(SEED)
             tokenizer = build_tokenizer()
             train, test = make_dataset()
-            model = build_model(tokenizer)
+            model = build_model(tokenizer, layers=2, max_positions=32)
             stats = warm_start(model, tokenizer, train, train[:200])
             stats["greedy_test_accuracy"] = greedy_accuracy(model, tokenizer, test)
             model.save_pretrained(tmp, safe_serialization=True)

@@ -124,13 +124,14 @@ class TinyQwen2Tools(ModelProvider):
 
 
 # ---------------------------------------------------------------------- the model and its warm start
-def build_model(tokenizer: Any, *, seed: int = SEED) -> Any:
+def build_model(tokenizer: Any, *, seed: int = SEED, layers: int = 3, max_positions: int = 128) -> Any:
+    """A fresh tiny Qwen2 (hidden size 128) for ``tokenizer``; the code task's model is one too (code_task.py)."""
     import torch
     import transformers
 
     config = transformers.Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
         tie_word_embeddings=False, dtype="float32")
     with torch.random.fork_rng(devices=[]):
