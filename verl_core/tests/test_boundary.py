@@ -24,6 +24,8 @@ def fails(fn, *args, match, **kwargs):
     (StepResult(observation=None, reward=None, done=True), "NoneType None as the reward"),
     (StepResult(observation=None, reward=1.0, done=1), "int 1 as done"),
     (StepResult(observation=None, reward=1.0, done=True, info=[]), "list \\[\\] as info"),
+    (StepResult(observation=None, reward=1.0, done=True, info={"rewards": {"correct": "1"}}),
+     "as info\\['rewards'\\]"),
     (StepResult(observation="try again", reward=0.0, done=False), "str 'try again' as the observation"),
     (StepResult(observation=[{"role": "tool"}], reward=0.0, done=False), "as the observation .*message 0"),
     ({"observation": None, "reward": 1.0, "done": True}, "expected a verl_core.contracts.StepResult"),

@@ -153,6 +153,8 @@ def test_verl_run_env_verifiers_trains_two_steps(tmp_path):
     assert [m["step"] for m in trained] == [1, 2]
     for m in trained:  # the reward is the environment's alone: the rows' own reward is 0
         assert m["reward/mean"] == pytest.approx(m["env/reward_mean"]) and m["env/tool_errors"] == 0
+        # each rubric part is logged as reward/<name>; the reward is their weighted sum (correct 1.0, numeric 0.1)
+        assert m["reward/mean"] == pytest.approx(m["reward/correct"] + 0.1 * m["reward/numeric"])
 
 
 @pytest.mark.heavy

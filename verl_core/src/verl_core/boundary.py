@@ -137,6 +137,9 @@ def check_step_result(value: Any, *, source: str, where: str) -> StepResult:
         raise _fail(source, f"as done {where}", "a bool", value.done)
     if not isinstance(value.info, dict):
         raise _fail(source, f"as info {where}", "a dict", value.info)
+    parts = value.info.get("rewards", {})
+    if not isinstance(parts, dict) or not all(isinstance(k, str) and _is_real(v) for k, v in parts.items()):
+        raise _fail(source, f"as info['rewards'] {where}", "a dict of reward names to real numbers", parts)
     return value
 
 

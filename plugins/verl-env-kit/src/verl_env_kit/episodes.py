@@ -72,6 +72,7 @@ class _Trajectory:
     rewards: list[float] = field(default_factory=list)
     turns: int = 0
     tool_errors: int = 0
+    components: dict[str, float] = field(default_factory=dict)  # StepResult.info["rewards"], summed over turns
     finish: str = "length"
     done: bool = False
     checked: bool = False
@@ -179,6 +180,8 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
                 if result.reward:
                     t.rewards[_last_model_token(t.mask)] += float(result.reward)
                 t.tool_errors += int(bool(result.info.get("tool_error")))
+                for name, score in (result.info.get("rewards") or {}).items():
+                    t.components[name] = t.components.get(name, 0.0) + float(score)
                 if result.done or not result.observation or turn == config.max_turns - 1:
                     t.done = True
                     continue
@@ -195,6 +198,9 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
             "env/env_token_frac": sum(len(t.mask) - sum(t.mask) for t in trajectories)
             / max(1, sum(len(t.mask) for t in trajectories)),
         })
+        for name in sorted({name for t in trajectories for name in t.components}):  # a reward's named parts
+            scored = [t.components[name] for t in trajectories if name in t.components]
+            metrics[f"reward/{name}"] = sum(scored) / len(scored)
     return _to_batch(trajectories, sampling.n, pad_id)
 
 

@@ -80,7 +80,8 @@ class Environment(abc.ABC):
     def step(self, response: str) -> StepResult:
         """Apply the policy's turn (its text, without the stop token); return the observation
         messages to append (``None`` with ``done``), a reward for this turn, and whether it ended.
-        ``info["tool_error"]`` counts a failed tool call in the metrics."""
+        ``info["tool_error"]`` counts a failed tool call in the metrics; ``info["rewards"]`` (names to
+        numbers) are the reward's parts, logged as ``reward/<name>`` (their mean over the trajectories)."""
 
     def tools(self) -> list[dict[str, Any]] | None:
         """Function schemas of the tools this environment offers (None: no tools)."""
