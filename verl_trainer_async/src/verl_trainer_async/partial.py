@@ -212,6 +212,11 @@ class PartialSource(StepSource):
         active = [(g, s) for g in self.pool for s in g.samples if s.finish is None]
         limits = [min(self.config.token_budget, max_new - len(s.tokens)) for _, s in active]
         prompts = [t.train_rows[g.index]["prompt_ids"] + s.tokens for g, s in active]
+        if not getattr(t.rollout, "accepts_multi_modal", False) and any(
+                getattr(p, "multi_modal_data", None) for p in prompts):
+            raise ConfigError("rollout.name", f"prompts have images, and the {t.config.rollout.name!r} rollout engine "
+                                              f"cannot take images (it would sample from the text alone); use "
+                                              f"rollout.name='hf', or an engine with accepts_multi_modal")
         seed = None if sampling.seed is None else sampling.seed + _ROUND_SEED * (rnd + 1)
         # One call for the whole round (each sample its own prompt: n = 1); a sample with fewer tokens left
         # than the budget keeps only its share of the response (the rest would pass its limit).
