@@ -130,6 +130,25 @@ def test_a_budget_that_covers_the_response_limit_carries_nothing(tmp_path: Path)
     assert [m["partial/staleness"] for m in metrics["partial"]] == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("algorithm", ["dapo", "remax"])
+def test_the_rollout_stage_filters_and_baselines_the_finished_groups(tmp_path: Path, algorithm: str) -> None:
+    """The core's rollout stage runs on the finished groups as on generated ones: DAPO's filter keeps groups with a
+    reward spread and draws more prompts for the rest (generated whole, on the current weights), ReMax's greedy
+    baseline decodes on the engine; every prompt trains once."""
+    t = trainer(tmp_path, *PARTIAL, f"algorithm.name='{algorithm}'", steps=3)
+    trained: list[int] = []
+    run_step = t.run_step
+
+    def recorded() -> dict[str, float]:
+        m = run_step()
+        trained.extend(t._drawn)
+        return m
+
+    t.run_step = recorded
+    t.train()
+    assert t.step == 3 and len(trained) == len(set(trained))
+
+
 # ------------------------------------------------------------------ kill -9 with samples in flight
 def _cli_run(run_dir: Path, overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "verl_cli", "run", *FAST, "run.resume='auto'", *overrides,
