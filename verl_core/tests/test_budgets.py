@@ -72,7 +72,9 @@ REPO = CORE.parents[2]
 #: a task that follows the [environment] settings (--env verifiers: environment.id picks the data).
 #: 6,953: +3 in the boundary check of a StepResult: info["rewards"], the reward's named parts the agent loop
 #: logs as reward/<name> (verifiers' rubric parts), must be a dict of names to real numbers; +1 docstring.
-CORE_LINE_BUDGET = 6_953
+#: 6,955: DataflowBuilder.actor_log_probs(reuse=False): an algorithm can force the old-log-prob forward
+#: (algorithm.old_log_probs = "recompute", #33) where the skip would otherwise apply; +1 docstring.
+CORE_LINE_BUDGET = 6_955
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

@@ -60,8 +60,9 @@ class GPGConfig(PPOFamilyConfig):
         if self.kl_in_reward:
             raise ValueError("kl_in_reward: GPG computes no old log-probs, so a KL penalty cannot be folded into "
                              "the rewards; keep kl_in_reward = false (the KL is then a loss term)")
-        if self.use_rollout_log_probs:
-            raise ValueError("use_rollout_log_probs: GPG uses no old log-probs at all; leave it false")
+        if self.use_rollout_log_probs or self.old_log_probs != "auto":
+            key = "use_rollout_log_probs" if self.use_rollout_log_probs else "old_log_probs"
+            raise ValueError(f"{key}: GPG uses no old log-probs at all; leave it at its default")
         ppo = PPOFamilyConfig()
         for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c"):
             if getattr(self, key) != getattr(ppo, key):

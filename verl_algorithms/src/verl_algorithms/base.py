@@ -11,7 +11,7 @@ so an algorithm of this family is its config, its ``compute_advantages`` and, wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, get_args
+from typing import ClassVar, Literal, Mapping, get_args
 
 import torch
 
@@ -22,7 +22,9 @@ from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements, Rollou
 from verl_algorithms import functional as F
 from verl_algorithms.functional import KLEstimator, LossAggMode
 
-__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode"]
+__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode", "OldLogProbs"]
+
+OldLogProbs = Literal["auto", "recompute", "rollout"]
 
 
 
@@ -43,7 +45,13 @@ class PPOFamilyConfig(AlgorithmConfig):
         entropy_coef: entropy bonus weight.
         loss_agg_mode: ``"token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"`` or
             ``"seq-mean-token-sum-norm"``.
-        use_rollout_log_probs: take old log-probs from the rollout engine instead of recomputing.
+        old_log_probs: which log-probs the PPO ratio divides by (``docs/loss-math.md`` has the table):
+            ``"auto"`` recomputes them with the actor, except on a step that is on-policy (staleness 0)
+            and takes one optimizer step (one epoch, one mini-batch), where they equal the update's own
+            log-probs: the update uses those, detached, and the forward goes (ratio 1, same gradient;
+            ``actor/old_log_probs_reused``); ``"recompute"`` always runs the forward; ``"rollout"``
+            takes the engine's log-probs (the ratio then also corrects engine/trainer mismatch).
+        use_rollout_log_probs: ``true`` is ``old_log_probs = "rollout"`` (the older spelling).
         rollout_is_cap: truncated importance sampling between rollout and training log-probs: each
             token's policy-gradient loss is weighted by ``min(exp(old - rollout log-prob), cap)``,
             correcting for an inference engine whose probabilities differ from the trainer's
@@ -52,6 +60,9 @@ class PPOFamilyConfig(AlgorithmConfig):
     """
 
     value_aliases: ClassVar[dict[str, dict[str, str]]] = {"kl_estimator": F.KL_ALIASES}
+    inert_fields: ClassVar[dict[str, str]] = {
+        "old_log_probs": "auto and recompute give the same loss and gradient (only the forward goes); rollout is "
+                         "use_rollout_log_probs; tested by verl_algorithms/tests/test_old_log_probs.py"}
 
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -61,8 +72,14 @@ class PPOFamilyConfig(AlgorithmConfig):
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
     loss_agg_mode: LossAggMode = "token-mean"
+    old_log_probs: OldLogProbs = "auto"
     use_rollout_log_probs: bool = False
     rollout_is_cap: float = 0.0
+
+    @property
+    def old_log_prob_source(self) -> OldLogProbs:
+        """``old_log_probs`` with ``use_rollout_log_probs = true`` read as ``"rollout"``."""
+        return "rollout" if self.use_rollout_log_probs else self.old_log_probs
 
     def validate(self) -> None:
         super().validate()
@@ -82,9 +99,14 @@ class PPOFamilyConfig(AlgorithmConfig):
                              f"{self.kl_estimator[:-1]!r} there, or kl_in_reward = false")
         if self.rollout_is_cap < 0:
             raise ValueError("rollout_is_cap: must be >= 0 (0 disables the correction)")
-        if self.rollout_is_cap > 0 and self.use_rollout_log_probs:
+        if self.old_log_probs not in get_args(OldLogProbs):
+            raise ValueError(f"old_log_probs: must be one of {list(get_args(OldLogProbs))}")
+        if self.use_rollout_log_probs and self.old_log_probs == "recompute":
+            raise ValueError("old_log_probs: 'recompute' contradicts use_rollout_log_probs = true (the engine's "
+                             "log-probs); set only old_log_probs")
+        if self.rollout_is_cap > 0 and self.old_log_prob_source == "rollout":
             raise ValueError("rollout_is_cap: corrects recomputed old log-probs towards the rollout's; with "
-                             "use_rollout_log_probs = true the weights are all 1. Set one of them.")
+                             "use_rollout_log_probs = true (old_log_probs = 'rollout') the weights are all 1. Set one of them.")
 
 
 class PolicyGradient(Algorithm):
@@ -119,7 +141,8 @@ class PolicyGradient(Algorithm):
         needs = self.requirements()
         df.rollout(self.rollout_request())
         self.shape_rewards(df)
-        df.actor_log_probs(from_rollout=cfg.use_rollout_log_probs)
+        source = cfg.old_log_prob_source
+        df.actor_log_probs(from_rollout=source == "rollout", reuse=source == "auto")
         if needs.reference:
             df.reference_log_probs()
         reads = self.advantage_inputs

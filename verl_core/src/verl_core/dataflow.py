@@ -242,16 +242,18 @@ class DataflowBuilder:
         """
         return self.node(name, build, writes=(BATCH,))
 
-    def actor_log_probs(self, *, from_rollout: bool = False) -> str:
+    def actor_log_probs(self, *, from_rollout: bool = False, reuse: bool = True) -> str:
         """Old log-probs: the policy's at the start of the step, recomputed by the actor.
 
         Recomputing also measures the engine's log-probs against the trainer's and stops a step
         whose gap says the weight sync broke (``rollout.max_log_prob_gap``). ``from_rollout``
-        takes the engine's own log-probs instead (no extra forward pass, and no check).
+        takes the engine's own log-probs instead (no extra forward pass, and no check). ``reuse=False``
+        runs the forward even where the update's own log-probs are these (:func:`old_log_probs_reusable`).
         """
         if from_rollout:
             return self.node("old_log_probs", _rollout_log_probs, reads=("response_ids",), writes=("old_log_probs",))
-        self._actor_old_log_probs.add("old_log_probs")
+        if reuse:
+            self._actor_old_log_probs.add("old_log_probs")
         return self.node("old_log_probs", _old_log_probs, reads=("response_ids",), writes=("old_log_probs",),
                          role="actor")
 
