@@ -58,6 +58,8 @@ def test_partial_refuses_an_algorithm_it_cannot_run_before_any_model_loads(
 def test_carried_samples_are_importance_weighted_unless_told_otherwise(tmp_path: Path) -> None:
     assert trainer(tmp_path, *PARTIAL).config.algorithm.config.rollout_is_cap == 2.0
     assert trainer(tmp_path, *PARTIAL, "algorithm.rollout_is_cap=0").config.algorithm.config.rollout_is_cap == 0.0
+    # The engine's log-probs as the old ones: the PPO ratio is against the behaviour policy itself, nothing to weigh.
+    assert trainer(tmp_path, *PARTIAL, "algorithm.old_log_probs='rollout'").config.algorithm.config.rollout_is_cap == 0.0
 
 
 # ------------------------------------------------------------------ carrying samples over

@@ -78,7 +78,8 @@ def stale_sample_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[dict[s
     set it or takes the rollout's log-probs as the old ones, and the algorithm has the setting."""
     trainer = raw.get("trainer") if isinstance(raw.get("trainer"), Mapping) else {}
     algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
-    if "rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True:
+    if ("rollout_is_cap" in algorithm or algorithm.get("use_rollout_log_probs") is True
+            or algorithm.get("old_log_probs") == "rollout"):  # the engine's log-probs are the old ones: weights of 1
         return {}, ""
     name = algorithm.get("name", CORE_SECTIONS["algorithm"].default)
     config_cls = getattr(registry.load("algorithm", name), "Config", None) if isinstance(name, str) else None
