@@ -72,7 +72,8 @@ from machine import bf16_flags, cpu_name  # noqa: E402 - bench/machine.py
 RESULTS = HERE / "results"
 CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm",
            "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread", "ours-vllm-async", "trl-hf-2t",
-           "ours-hf-2t-bf16", "ours-hf-async-bf16", "trl-hf-2t-bf16", "ours-hf-auto", "ours-hf-2t-auto")
+           "ours-hf-2t-bf16", "ours-hf-async-bf16", "trl-hf-2t-bf16", "ours-hf-auto", "ours-hf-2t-auto",
+           "floor-hf-2t")
 USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm", "ours-vllm-async"}
 # What each framework configuration is compared with: its own floor (same rollout engine).
 FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-hf", "trl-vllm": "floor-vllm"}
@@ -86,7 +87,7 @@ FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-h
 #: pool, one thread each). "ours-vllm-async": the trainer's one thread next to vLLM's engine process.
 TWO_CORES = {"ours-hf-2t": 2, "ours-hf-async": 2, "ours-hf-async-1+1": 1, "ours-hf-async-thread": 2,
              "ours-vllm-async": 1, "trl-hf-2t": 2, "ours-hf-2t-bf16": 2, "ours-hf-async-bf16": 2, "trl-hf-2t-bf16": 2,
-             "ours-hf-2t-auto": 2}
+             "ours-hf-2t-auto": 2, "floor-hf-2t": 2}
 #: "-bf16": the forwards under bf16 autocast, generation included (ours: backend.autocast and rollout.autocast;
 #: TRL: bf16=True, accelerate's autocast around the model's forward, which generate() calls too), weights,
 #: gradients and optimizer state in float32.
@@ -115,15 +116,31 @@ MODEL_SHAPE = dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=6,
                    num_key_value_heads=4)
 #: ``--workload``: the rollout-heavy default (21M parameters, 16 x 8 samples) or the small one of issue 19
 #: (0.5M parameters, 8 x 8 samples; give it ``--max-new-tokens 8``), where per-step overhead shows.
+#: ``qwen2.5-0.5b`` (issue 33, ``bench/real_shape.py``): Qwen2.5-0.5B's published architecture (24 layers,
+#: hidden 896, 14 query / 2 KV heads, intermediate 4,864, vocabulary 151,936, tied embeddings, rope theta 1e6),
+#: randomly initialised; 64-token prompts, 4 prompts x 4 samples, micro-batches of 4. The tokenizer keeps the
+#: task's 16 characters and fills the vocabulary to 151,936 with tokens the task never uses, so the embedding,
+#: the LM head and the log-softmax cost what they cost at that size.
+QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 WORKLOADS = {"default": dict(shape=MODEL_SHAPE, prompts=16),
              "small": dict(shape=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2), prompts=8)}
+                                      num_attention_heads=4, num_key_value_heads=2), prompts=8),
+             "qwen2.5-0.5b": dict(shape=QWEN25_05B, prompts=4, group=4, digits=62, micro_batch=4,
+                                  vocab=151_936, tied=True)}
+VOCAB_SIZE = 0  # 0: the task's 16 tokens
+TIED = False
 
 
 def use_workload(name: str) -> None:
     """Set the model shape and batch of workload ``name`` (in the parent and in every child)."""
-    global MODEL_SHAPE, PROMPTS_PER_STEP
-    MODEL_SHAPE, PROMPTS_PER_STEP = dict(WORKLOADS[name]["shape"]), WORKLOADS[name]["prompts"]
+    global MODEL_SHAPE, PROMPTS_PER_STEP, GROUP_SIZE, DIGITS, PROMPT_TOKENS, VOCAB_SIZE, TIED
+    w = WORKLOADS[name]
+    MODEL_SHAPE, PROMPTS_PER_STEP = dict(w["shape"]), w["prompts"]
+    GROUP_SIZE, DIGITS = w.get("group", GROUP_SIZE), w.get("digits", DIGITS)
+    PROMPT_TOKENS = DIGITS + 2
+    VOCAB_SIZE, TIED = w.get("vocab", 0), w.get("tied", False)
+    HPARAMS["micro_batch"] = w.get("micro_batch", HPARAMS["micro_batch"])
 
 
 def threads_of(name: str) -> int:
@@ -165,6 +182,7 @@ def build_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), VOCAB_SIZE)})  # the real-shape workload's size
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     backend.decoder = decoders.Fuse()
@@ -190,7 +208,7 @@ def build_model(tok, max_positions: int):
 
     config = transformers.Qwen2Config(vocab_size=len(tok), max_position_embeddings=max_positions,
                                       pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                                      eos_token_id=tok.eos_token_id, tie_word_embeddings=False, use_cache=True,
+                                      eos_token_id=tok.eos_token_id, tie_word_embeddings=TIED, use_cache=True,
                                       dtype="float32", **MODEL_SHAPE)
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
@@ -753,7 +771,7 @@ def report(state: dict, results_path: Path) -> None:
         f"char-level tokenizer ({s['vocab']} tokens); {s['prompts_per_step']} prompts x {s['group_size']} samples "
         f"per step, prompts of {s['prompt_tokens']} tokens, responses of {s['max_new_tokens']} tokens (`<eos>` is "
         f"made unlikely at initialisation, so every response runs to the limit and every configuration does the "
-        f"same work). Task: copy / reverse a 30-digit string (123-character answer); reward: fraction of answer "
+        f"same work). Task: copy / reverse a {s['prompt_tokens'] - 2}-digit string; reward: fraction of answer "
         f"characters at the right position, the same function in both frameworks. GRPO: lr {s['hparams']['lr']}, "
         f"clip {s['hparams']['clip']}, KL coef {s['hparams']['kl_coef']}, group size {s['group_size']}, "
         f"temperature {s['hparams']['temperature']}, token-mean loss, one AdamW step per batch over micro-batches "
