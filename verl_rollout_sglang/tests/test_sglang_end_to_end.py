@@ -62,6 +62,7 @@ def test_missing_server_python_is_a_config_error_before_any_model_loads(tmp_path
 @pytest.mark.sglang
 @pytest.mark.slow
 @pytest.mark.heavy
+@pytest.mark.long  # ~1.5 min; the vLLM run of the same mode and the engine-free partial tests run in CI
 def test_partial_rollouts_resume_carried_samples_on_sglang(tmp_path: Path) -> None:
     """trainer.mode='partial' (issue 33): samples cut at 1 token a round are resumed on the next weights from prompt +
     partial response (SGLang's /generate takes input_ids), carried across steps, and weighed against its log-probs."""

@@ -249,6 +249,7 @@ def test_verl_run_env_openenv_trains_two_steps_and_stops_its_server(tmp_path):
 
 
 @pytest.mark.heavy
+@pytest.mark.long  # ~3.5 min; CI keeps the real-server tests, the 2-step run and the MCP learning test
 def test_the_built_in_model_learns_from_the_example_server(tmp_path):
     """The README's figure: validation reward 0.234 -> 0.356 in 40 steps (~2.5 min on 2 CPU cores)."""
     port = _free_port()

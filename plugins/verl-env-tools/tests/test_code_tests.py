@@ -230,6 +230,7 @@ def test_the_built_in_code_task_is_graded_by_code_tests(reward: CodeTestsReward)
 
 
 @pytest.mark.heavy
+@pytest.mark.long  # 3-4 min; CI keeps the real sandbox tests of every test style and the tools task's learning
 def test_the_built_in_code_model_learns_under_code_tests(tmp_path: Path) -> None:
     """The README's figure: greedy pass fraction 0.185 -> 0.25 -> 0.295 at steps 0/20/40 (about 5 minutes on
     2 cores with the model's warm start; each rollout's program runs in its own sandbox process)."""

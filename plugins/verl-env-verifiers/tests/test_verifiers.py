@@ -158,6 +158,7 @@ def test_verl_run_env_verifiers_trains_two_steps(tmp_path):
 
 
 @pytest.mark.heavy
+@pytest.mark.long  # ~4 min; CI keeps the MCP tool task's learning test (the same agent loop) and the 2-step run here
 def test_the_built_in_model_learns_a_verifiers_environment(tmp_path):
     """The README's figure: validation reward 0.260 -> 0.610 -> 0.680 at steps 0/20/40 (~4 min on 2 CPU cores)."""
     steps = _verl_run_on_sums(tmp_path, "run.max_steps=40", "run.val_every=20")

@@ -16,6 +16,7 @@ does for verifiers' tool servers), the stops and ``Task.score`` on a ``vf.Trace`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import importlib.util
 import json
@@ -100,8 +101,15 @@ def prompt_messages(data: Any) -> list[dict[str, Any]]:
 
 
 def run(coroutine: Any) -> Any:
-    """Run a coroutine on a loop of this call (the agent loop calls environments from worker threads)."""
-    return asyncio.run(coroutine)
+    """Run a coroutine on a loop of this call (the agent loop calls environments from worker threads).
+
+    Where this thread already runs an event loop (a notebook, Playwright's sync API), on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 # -- tools --------------------------------------------------------------------------------------------------
