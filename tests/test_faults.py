@@ -238,7 +238,13 @@ def signal_during_step(step: int, *signums: int) -> Callable[[pytest.MonkeyPatch
 def signalled(step: int, *signums: int, overrides: tuple[str, ...] = ()) -> Callable[..., Outcome]:
     def act(tmp: Path, mp: pytest.MonkeyPatch) -> Outcome:
         signal_during_step(step, *signums)(mp)
-        return verl_run(tmp, *overrides, steps=3)
+        # A fresh `verl` process starts with Python's Ctrl-C handler; in the full suite an earlier test left
+        # SIGINT ignored in this process once (the run then finished all steps), so give it that handler.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            return verl_run(tmp, *overrides, steps=3)
+        finally:
+            signal.signal(signal.SIGINT, previous)
     return act
 
 
