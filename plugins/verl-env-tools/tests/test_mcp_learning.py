@@ -19,6 +19,7 @@ SERVER = str(Path(__file__).with_name("mcp_calculator_server.py"))
 
 
 @pytest.mark.heavy
+@pytest.mark.long  # ~2.5 min; CI runs the same task's learning test with the built-in calculator (identical figures, step by step) and the MCP transport tests (test_mcp_tools.py)
 def test_tool_task_learns_with_the_calculator_over_mcp(tmp_path: Path) -> None:
     # The built-in tools off, the same calculator (name, schema, answers) offered by the MCP server:
     # the warm-started model sees the same prompt and its calls can only be answered through MCP.
