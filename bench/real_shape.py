@@ -147,7 +147,8 @@ def write_report(results: Path, prof: dict | None) -> None:
                       "| operator | self CPU (s) | share | calls |", "|---|---|---|---|"]
             lines += [f"| `{t['op']}` | {t['self_s']:.2f} | {t['share']:.0%} | {t['calls']} |" for t in prof["top"]]
     md.write_text(text + "\n".join(lines) + "\n")
-    (results.with_suffix(".profile.json")).write_text(json.dumps(prof, indent=1)) if prof else None
+    if prof:
+        results.with_suffix(".profile.json").write_text(json.dumps(prof, indent=1))
 
 
 def main() -> None:
