@@ -38,8 +38,11 @@ MODES = {"sync": ["trainer.mode='sync'"],
                                           "backend.autocast='bfloat16'", "rollout.autocast='bfloat16'"]}
 
 
-def run(mode: str, seed: int, steps: int, lock: str, extra: list[str], out: Path) -> dict:
-    cmd = [sys.executable, "-m", "verl_cli", "run", "--output-dir", str(out), *MODES[mode], f"run.seed={seed}",
+def run(mode: str, seed: int, steps: int, lock: str, extra: list[str], out: Path,
+        overrides: list[str] | None = None) -> dict:
+    """One ``verl run`` of ``mode`` (its overrides: ``MODES[mode]`` unless given) in a fresh process."""
+    cmd = [sys.executable, "-m", "verl_cli", "run", "--output-dir", str(out),
+           *(MODES[mode] if overrides is None else overrides), f"run.seed={seed}",
            f"run.max_steps={steps}", "run.resume='never'", *extra]
     if lock:
         cmd = ["flock", lock, *cmd]
