@@ -6,7 +6,9 @@ many test trees (``tests/``, ``verl_algo_contrib/tests/``, ...) a run collects, 
 """
 
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,24 @@ def verl_cache(tmp_path_factory):
         os.environ.pop("VERL_CACHE_DIR", None)
     else:
         os.environ["VERL_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Put back a SIGINT/SIGTERM handler a test leaves changed, and say which test did it.
+
+    The tests share one process: a handler left as SIG_IGN by one test silently changes what Ctrl-C does
+    in every later one (the fault test of run.save_on_signal=false once passed alone and failed in the
+    suite so). The warning names the test in pytest's warnings summary.
+    """
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        now = signal.getsignal(signum)
+        if now is not handler:
+            signal.signal(signum, handler)
+            warnings.warn(f"this test left {signal.Signals(signum).name} handled by {now!r} (it found {handler!r}); "
+                          f"put back", RuntimeWarning, stacklevel=1)
 
 
 @pytest.fixture
