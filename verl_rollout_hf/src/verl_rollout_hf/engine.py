@@ -111,6 +111,8 @@ class HFRollout(RolloutEngine):
         from verl_kit.multimodal import is_vision_model, vision_forward_inputs, vision_token_ids
 
         ids, mask = left_pad(prompts, pad)
+        # On the module's device (a CUDA worker's): generate() does not move its inputs.
+        ids, mask = ids.to(module.device), mask.to(module.device)
         vision: dict[str, Any] = vision_forward_inputs([PromptIds.inputs_of(p) for p in prompts], ids, module.config,
                                                         ids.device, prompt_length=ids.shape[1])
         if vision and not is_vision_model(module.config):
