@@ -74,7 +74,11 @@ REPO = CORE.parents[2]
 #: logs as reward/<name> (verifiers' rubric parts), must be a dict of names to real numbers; +1 docstring.
 #: 6,955: DataflowBuilder.actor_log_probs(reuse=False): an algorithm can force the old-log-prob forward
 #: (algorithm.old_log_probs = "recompute", #33) where the skip would otherwise apply; +1 docstring.
-CORE_LINE_BUDGET = 6_955
+#: 6,970: executor.device for the default in-process executor ("auto": CUDA where torch sees a device; +15:
+#: ExecutorConfig.device and its check, the executor putting its worker there). Until then a one-GPU
+#: machine's `verl run` trained on the CPU without saying so; a device no one has is refused before any
+#: model loads (exit 2).
+CORE_LINE_BUDGET = 6_970
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

@@ -40,10 +40,15 @@ class LocalExecutor(Executor):
         if config.world_size != 1:
             raise ValueError(f"world_size: the local executor runs one process, got world_size="
                              f"{config.world_size}; use a multi-process executor (e.g. executor.name='ray')")
+        import torch
+
+        from verl_core.config import ConfigError
+
+        config.validate()
+        # "auto" trains on the GPU where there is one, as the multi-process executors do, never silently on the CPU.
+        self.device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
         launched = os.environ.get("WORLD_SIZE", "1")
         if os.environ.get("TORCHELASTIC_RUN_ID") and launched.isdigit() and int(launched) > 1:
-            from verl_core.config import ConfigError
-
             raise ConfigError("executor.name", f"this process is one of {launched} that torchrun started, and the "
                                                f"local executor would train {launched} separate copies of the run; "
                                                f"use executor.name='torchrun' (pip install verl-executor-torchrun) "
@@ -54,4 +59,5 @@ class LocalExecutor(Executor):
 
         # One process: the worker gets the threads the controller chose unless told otherwise.
         threads = self.config.threads_per_worker or torch.get_num_threads()
-        return LocalWorkerGroup(role, factory(WorldInfo(rank=0, world_size=1, threads=threads)))
+        return LocalWorkerGroup(role, factory(WorldInfo(rank=0, world_size=1, device=self.device,
+                                                              threads=threads)))

@@ -21,10 +21,19 @@ class ExecutorConfig:
     Attributes:
         world_size: training processes (data-parallel ranks) per worker group.
         threads_per_worker: torch threads per worker; 0 picks cores // workers.
+        device: ``"auto"`` (CUDA where torch sees a device, else the CPU), ``"cpu"`` or ``"cuda"``.
     """
 
     world_size: int = 1
     threads_per_worker: int = 0
+    device: str = "auto"
+
+    def validate(self) -> None:
+        import torch
+
+        if self.device not in ("auto", "cpu", "cuda") or (self.device == "cuda" and not torch.cuda.is_available()):
+            raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda' (with a CUDA device torch can use), got "
+                             f"{self.device!r}")
 
 
 class WorkerFailedError(RuntimeError):
