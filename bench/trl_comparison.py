@@ -34,9 +34,8 @@ Configurations, each in a fresh process, alternated over rounds so that machine 
 
 * ``floor-hf-2t-bf16``: the floor with its forwards under bf16 autocast, generation included (the floor
   beside ``ours-hf-2t-bf16`` on a GPU).
-* ``--device cuda`` (issue 33): every configuration on the first CUDA device. Ours runs as one process of a
-  one-rank torchrun world (``executor.name = "torchrun"``, ``executor.device = "cuda"``: the in-process
-  executor keeps its one worker on the CPU), TRL without ``use_cpu``, the floor with the model and the batch
+* ``--device cuda`` (issue 33): every configuration on the first CUDA device. Ours runs with the default in-process
+  executor and ``executor.device = "cuda"`` (``"auto"``, the default, picks the GPU too), TRL without ``use_cpu``, the floor with the model and the batch
   on the device. ``--prompts``, ``--group-size``, ``--prompt-tokens`` and ``--micro-batch`` replace the
   workload's batch shape, so a GPU run can use a GPU-sized one (``scripts/gpu_check_real_shape.sh``).
 
@@ -316,16 +315,8 @@ def run_ours(rollout: str, work: Path, steps: int, max_new_tokens: int, out_dir:
         f"backend.eps={h['adam_eps']}", f"backend.weight_decay={h['weight_decay']}",
         f"backend.grad_clip={h['grad_clip']}", f"backend.micro_batch_size={h['micro_batch']}",
     ]
-    if DEVICE == "cuda":
-        # The in-process executor puts its worker on the CPU; one rank of torchrun's executor takes the GPU.
-        # These are the variables `torchrun --nproc_per_node=1` exports.
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        overrides += ["executor.name=\"torchrun\"", "executor.device=\"cuda\""]
+    if DEVICE == "cuda":  # the default in-process executor, its worker on the GPU (what `verl run` does there)
+        overrides += ["executor.device=\"cuda\""]
     if rollout == "vllm":
         overrides += [f"rollout.kv_cache_gb={KV_CACHE_GB}", "rollout.dtype=\"float32\"",
                       f"rollout.max_model_len={PROMPT_TOKENS + max_new_tokens}"]

@@ -18,7 +18,7 @@
 # Overrides: ONLY (configurations), SHAPE (trl_comparison.py's shape options), STEPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DISTS="./verl_core ./verl_kit ./verl_data ./verl_backend_fsdp ./verl_rollout_hf ./verl_algorithms ./plugins/verl-executor-torchrun ./plugins/verl-rewards"
+DISTS="./verl_core ./verl_kit ./verl_data ./verl_backend_fsdp ./verl_rollout_hf ./verl_algorithms ./plugins/verl-rewards"
 if [ "${1:-}" = "--wheels" ]; then
   exclude="$(git rev-parse --git-path info/exclude)"
   mkdir -p "$(dirname "$exclude")" && { grep -qxF /wheels/ "$exclude" 2>/dev/null || echo /wheels/ >>"$exclude"; }
