@@ -28,7 +28,9 @@ Configurations, each in a fresh process, alternated over rounds so that machine 
 * ``trainer.mode = "auto"`` (issue 33): ``ours-hf-auto`` (one thread, next to ``ours-hf`` and ``ours-hf-async-1+1``)
   and ``ours-hf-2t-auto`` (two, next to ``ours-hf-2t`` and ``ours-hf-async``): sync steps measured, then sync or
   ``colocate_async``; each run records what it picked. Give ``--warmup`` more than ``trainer.auto_steps + 1``
-  (4 by default) so the timed steps come after the choice.
+  (4 by default) so the timed steps come after the choice; where the trainer and the producer share the
+  cores (2 cores) ``auto`` then runs a measured trial of the overlap, decided after step
+  ``2 * trainer.auto_steps + 2`` (8 by default; 4 at the ``qwen2.5-0.5b`` workload's ``auto_steps=1``).
 * bf16 on two cores: ``ours-hf-2t-bf16``, ``ours-hf-async-bf16`` (``backend.autocast`` and ``rollout.autocast = "bfloat16"``) and
   ``trl-hf-2t-bf16`` (``bf16=True``): every forward under bf16 autocast, generation included.
 
