@@ -42,13 +42,13 @@ class LocalExecutor(Executor):
                              f"{config.world_size}; use a multi-process executor (e.g. executor.name='ray')")
         import torch
 
-        from verl_core.config import ConfigError
-
         config.validate()
         # "auto" trains on the GPU where there is one, as the multi-process executors do, never silently on the CPU.
         self.device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
         launched = os.environ.get("WORLD_SIZE", "1")
         if os.environ.get("TORCHELASTIC_RUN_ID") and launched.isdigit() and int(launched) > 1:
+            from verl_core.config import ConfigError
+
             raise ConfigError("executor.name", f"this process is one of {launched} that torchrun started, and the "
                                                f"local executor would train {launched} separate copies of the run; "
                                                f"use executor.name='torchrun' (pip install verl-executor-torchrun) "
