@@ -158,6 +158,56 @@ def test_the_producer_engine_samples_from_the_published_weights_not_its_initial_
     assert any(not torch.equal(initial[name], own[name]) for name in own)
 
 
+def test_the_producer_engine_is_built_on_the_device_the_runs_engine_generates_on(tmp_path: Path,
+                                                                                  monkeypatch: Any) -> None:
+    """A CUDA trainer's producer copy left on the CPU would generate there, silently. Here the actor is on the CPU,
+    so the device the run's engine reports is stood in by "meta" (a device torch has everywhere): the copy must
+    land there. The CUDA run itself is test_colocate_async_generates_on_the_trainers_cuda_device (GPU check)."""
+    import verl_trainer_async.source as source
+    from verl_core.contracts import ModelSpec, WorldInfo
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
+
+    t = trainer(tmp_path, "trainer.mode='colocate_async'", "trainer.producer='thread'", steps=1)
+    t.setup()
+    try:
+        assert source.generation_device(t.rollout) == "cpu"
+        engine = t.source.producer.engine
+        assert engine.world.device == "cpu" and next(engine._own.parameters()).device.type == "cpu"
+    finally:
+        t._close_source()
+        t.executor.shutdown()
+    monkeypatch.setattr(source, "generation_device", lambda engine: "meta")
+    t = trainer(tmp_path / "meta", "trainer.mode='colocate_async'", "trainer.producer='thread'", steps=1)
+    t.setup()
+    try:
+        engine = t.source.producer.engine
+        assert engine.world.device == "meta"
+        assert {p.device.type for p in engine._own.parameters()} == {"meta"}
+    finally:
+        t._close_source()
+        t.executor.shutdown()
+    # The stand-alone HF engine puts its own copy where its world says.
+    spec = ModelSpec(path=t.model_spec.path, module=torch.nn.Linear(2, 2))
+    hf = HFRollout(config=HFRolloutConfig(), model=spec, tokenizer=t.tokenizer, world=WorldInfo(device="meta"))
+    assert next(hf._own.parameters()).device.type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("producer", ["thread", "process"])
+def test_colocate_async_generates_on_the_trainers_cuda_device(tmp_path: Path, producer: str) -> None:
+    t = trainer(tmp_path, "trainer.mode='colocate_async'", f"trainer.producer='{producer}'", "executor.device='cuda'",
+                steps=2)
+    t.setup()
+    engine = t.source.producer.engine
+    if producer == "thread":
+        assert next(engine._own.parameters()).device.type == "cuda"
+    else:
+        assert engine.child_info()["device"].startswith("cuda")
+    metrics = t.train()
+    assert t.step == 2 and all(v == v for v in metrics.values())  # no NaN
+
+
 def test_drop_throws_away_batches_over_the_bound_and_counts_them(tmp_path: Path) -> None:
     # With no staleness allowed and a producer that never waits for weights, the batch it generates while
     # a step trains is one version old by the time it is taken.

@@ -268,6 +268,71 @@ def test_a_run_crashed_during_or_after_a_trial_resumes_with_it_and_trains_every_
     assert _prompts_by_step(tmp_path) == _sampler_order(resumed, 7)
 
 
+def test_the_hand_back_syncs_the_engine_under_the_producers_lock(tmp_path: Path, shared_cores: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer thread that outlived close() may still generate on the run's engine (an in-process vLLM): the
+    weight sync of the hand-back waits for it, holding the lock the producer generates under."""
+    import verl_trainer_async.source as source
+
+    producers: list[Any] = []
+
+    class Recorded(source.RolloutProducer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            producers.append(self)
+
+    held: list[bool] = []
+    monkeypatch.setattr(source, "RolloutProducer", Recorded)
+    monkeypatch.setattr(auto, "sync_rollout_weights", lambda rollout, actor: held.append(
+        producers[-1].engine_lock.locked()))
+    trainer(tmp_path, *AUTO, "trainer.auto_trial_margin=0.99", steps=5).train()
+    assert len(producers) == 1 and held == [True]
+
+
+def test_a_producer_stopped_while_it_waits_for_the_engine_generates_nothing() -> None:
+    """It leaves the engine to whoever holds it now (the hand-back's sync, then sync steps)."""
+    import threading
+    import time
+
+    from verl_core.sampler import PromptSampler
+    from verl_trainer_async.producer import RolloutProducer
+
+    produced: list[int] = []
+    producer = RolloutProducer(engine=None, produce=lambda seq, prompts, draw: produced.append(seq),
+                               sampler=PromptSampler(8, 2, seed=0), rows=[{}] * 8, max_staleness=1, on_stale="wait",
+                               next_seq=1, base_version=0, last_seq=4, engine_lock=threading.Lock())
+    producer.engine_version = 0  # nothing to load
+    with producer.engine_lock:
+        producer.publish(0, [])
+        producer.start(torch.get_num_threads())  # (it sets the process's torch threads)
+        time.sleep(1.0)  # the producer is waiting for the engine
+        producer.stop()
+    producer.close(timeout=10)
+    assert produced == [] and not producer._thread.is_alive()
+
+
+def test_no_trial_where_a_hand_back_would_lay_a_lora_adapter_over_merged_weights(monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
+    """The producer loads merged weights into an engine with weights of its own; after a hand-back, sync would
+    send only the adapter on top of them. Such a run is not tried: sync, and the reason says what allows it."""
+    from types import SimpleNamespace
+
+    def source(adapter: Any, shares: bool) -> Any:
+        s = object.__new__(auto.AutoSource)
+        s.config = auto.AutoConfig(auto_steps=1)
+        s.figures = [[2.0, 1.0, 2.0]]
+        s.trainer = SimpleNamespace(run_threads=1, rollout=SimpleNamespace(shares_actor_weights=shares),
+                                    actor=SimpleNamespace(lora_adapter=lambda: adapter))
+        monkeypatch.setattr(s, "_overlap_mode", lambda: ("colocate_async", ""))
+        return s
+
+    monkeypatch.setattr(auto, "SPARE_CORES", 1 << 20)  # a trial on any machine
+    refused = source(adapter=object(), shares=False)._choose()
+    assert refused.mode == "sync" and not refused.trial and "backend.lora_sync='merged'" in refused.reason
+    for tried in (source(adapter=None, shares=False)._choose(), source(adapter=object(), shares=True)._choose()):
+        assert tried.trial and tried.mode == "colocate_async"
+
+
 # ------------------------------------------------------------------ the step-source contract
 class TestAuto(StepSourceConformance):
     """Whatever this machine picks (on 2 cores a trial, which starts after step 2)."""

@@ -353,6 +353,13 @@ class AutoSource(StepSource):
                               reason=f"sync ({problem})")
         choice = pick_mode(generate, update, cores=cores, trainer_threads=t.run_threads,
                            producer_threads=producer_threads, overlap_mode=mode, spare_cores=SPARE_CORES)
+        if choice.trial and not t.rollout.shares_actor_weights and t.actor.lora_adapter() is not None:
+            # The producer loads full (merged) weights into the run's engine; after a hand-back, sync would lay
+            # the adapter over them, and the policy sampled would hold it twice.
+            return dataclasses.replace(choice, mode="sync", trial=False, reason=(
+                "sync (no trial: the actor syncs LoRA adapters to an engine with weights of its own, and a trial "
+                "that handed back would leave merged weights under the next adapter; backend.lora_sync='merged' "
+                "allows the trial)"))
         if choice.trial:  # the yardstick of the trial: the sync steps as measured, whole
             choice = dataclasses.replace(choice, sync_step_s=statistics.median(f[2] for f in self.figures))
         return choice
@@ -391,7 +398,7 @@ class AutoSource(StepSource):
         trained on. The producer's buffered and in-flight batches are dropped; sync draws their prompts again."""
         t = self.trainer
         overlapped, self.overlapped = self.overlapped, None
-        trained = overlapped.trained
+        trained, producer = overlapped.trained, overlapped.producer
         overlapped.close()
         if trained is not None:
             # A copy, set back: a producer thread that outlived close() (it waits 30 s) draws from the old one.
@@ -399,7 +406,10 @@ class AutoSource(StepSource):
             sampler.load_state_dict(trained.sampler_state)
             t.sampler = sampler
         self._handover_sampler = None
-        sync_rollout_weights(t.rollout, t.actor)  # an engine the producer generated on may hold older weights
+        # An engine the producer generated on holds older weights. A producer thread that outlived close() may
+        # still generate on it: its lock waits for that batch, after which the stopped thread leaves the engine.
+        with producer.engine_lock:
+            sync_rollout_weights(t.rollout, t.actor)
         sync_cls = t.registry.load("step_source", "sync")
         self.sync = sync_cls(sync_cls.Config(), trainer=t)  # the first one was closed at the hand-over
         self.sync.start()
@@ -426,7 +436,8 @@ class AutoSource(StepSource):
         if self._hook is not None and hooks is not None and hooks.is_registered(self._hook):
             hooks.unregister(self._hook)
         self._hook = None
-        if self.choice is not None and self.choice.trial and self.overlapped is not None:
+        if (self.choice is not None and self.choice.trial and self.overlapped is not None
+                and self.trainer.step < self.trainer.max_steps):  # at max_steps the trial had no steps left
             logger.warning("trainer.mode=auto: the run stopped during its trial of %s (%d of %d overlapped steps "
                            "measured); a run resumed from its last checkpoint finishes it", self.choice.mode,
                            len(self.trial), self.config.auto_steps)

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams
+from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
 
 __all__ = ["HostedEngine"]
 
@@ -47,20 +47,21 @@ class HostedEngine(RolloutEngine):
         config, model, tokenizer: what the engine is built with (sent by value, so the child owns its copy
             of ``model.module``; the parent's objects are never shared with it).
         threads: torch threads in the child.
+        world: the child's engine is built with it (its ``device``: where it generates, e.g. ``"cuda"``).
         start_timeout: seconds the child may take to import and build the engine.
     """
 
     def __init__(self, engine_cls: type[RolloutEngine], *, config: RolloutConfig, model: ModelSpec, tokenizer: Any,
-                 threads: int = 1, start_timeout: float = 600.0) -> None:
+                 threads: int = 1, world: WorldInfo = WorldInfo(), start_timeout: float = 600.0) -> None:
         super().__init__(config=config, model=ModelSpec(path=model.path, tokenizer_path=model.tokenizer_path,
                                                         dtype=model.dtype, trust_remote_code=model.trust_remote_code),
-                         tokenizer=tokenizer)
+                         tokenizer=tokenizer, world=world)
         self.engine_name = engine_cls.__name__
         # The hosted engine's capabilities; it has weights of its own, so a sync is a real copy.
         for flag in ("supports_memory_release", "follows_actor_weights", "seeded_sampling", "accepts_multi_modal"):
             setattr(self, flag, getattr(engine_cls, flag))
         try:
-            payload = pickle.dumps((engine_cls, config, model, tokenizer), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps((engine_cls, config, model, tokenizer, world), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             raise TypeError(
                 f"trainer.producer='process' sends the rollout engine to a child process, but "
@@ -87,8 +88,8 @@ class HostedEngine(RolloutEngine):
         """The child's process id."""
         return self._proc.pid
 
-    def child_info(self) -> dict[str, int]:
-        """The child's ``pid`` and the ``torch_threads`` it generates with."""
+    def child_info(self) -> dict[str, Any]:
+        """The child's ``pid``, the ``torch_threads`` it generates with and the ``device`` of its engine."""
         return self._call("info")
 
     # ------------------------------------------------------------------ the contract
@@ -201,8 +202,8 @@ def _serve(conn: Any, payload: bytes, threads: int, parent_pid: int) -> None:
     engine: RolloutEngine | None = None
     shared: list[tuple[str, torch.Tensor]] = []
     try:
-        engine_cls, config, model, tokenizer = pickle.loads(payload)
-        engine = engine_cls(config=config, model=model, tokenizer=tokenizer)
+        engine_cls, config, model, tokenizer, world = pickle.loads(payload)
+        engine = engine_cls(config=config, model=model, tokenizer=tokenizer, world=world)
     except BaseException as exc:
         _reply_error(conn, exc)
         return
@@ -215,7 +216,7 @@ def _serve(conn: Any, payload: bytes, threads: int, parent_pid: int) -> None:
             if op == "ready":
                 result = None
             elif op == "info":
-                result = {"pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+                result = {"pid": os.getpid(), "torch_threads": torch.get_num_threads(), "device": engine.world.device}
             elif op == "generate":
                 result = engine.generate(args[0], sampling=args[1])
             elif op == "attach":

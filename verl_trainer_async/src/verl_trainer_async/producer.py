@@ -286,6 +286,8 @@ class RolloutProducer:
                 return [self.rows[i] for i in indices]
 
             with self.engine_lock:
+                if self._state.stopped:  # stopped while it waited for the engine: it is someone else's now
+                    return
                 if self.engine_version != version:
                     self.engine.load_weights(iter(weights))
                     self.engine_version = version

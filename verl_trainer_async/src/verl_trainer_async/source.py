@@ -18,13 +18,13 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from verl_core.config import CORE_SECTIONS
-from verl_core.contracts import SourcedStep, StepSource
+from verl_core.contracts import SourcedStep, StepSource, WorldInfo
 from verl_core.kit import produce_rollout
 from verl_core.contracts import ConfigError
 from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                          snapshot_weights, with_version)
 
-__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "check_stale_samples",
+__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "check_stale_samples", "generation_device",
            "stale_sample_defaults"]
 
 #: The truncated importance-sampling cap stale samples are weighed with, unless the algorithm section sets
@@ -103,6 +103,13 @@ def check_stale_samples(*, mode: str, algorithm: str, generates: bool, off_polic
                                           f"(grpo, ppo, dapo)")
 
 
+def generation_device(engine: Any) -> str:
+    """The device an engine that shares the actor's weights generates on: that of the actor's module."""
+    with engine.actor.generation_module() as module:
+        param = next(module.parameters(), None)
+    return "cpu" if param is None or param.device.type == "meta" else str(param.device)
+
+
 def _producer_threads(config: AsyncConfig, threads: int) -> int:
     return config.producer_threads or max(1, threads // 2)
 
@@ -173,17 +180,20 @@ class AsyncSource(StepSource):
             # The run's engine samples from the actor's live module, which each update changes in place:
             # the producer gets its own copy of the weights, kept in step by the published versions.
             engine_cls = t.registry.load("rollout", cfg.rollout.name)
+            # On the device the run's engine generates on: a CUDA trainer's copy left on the CPU would
+            # generate there, silently and many times slower.
+            world = WorldInfo(device=generation_device(engine))
             if self.mode == "colocate_async" and self.config.producer == "process":
                 from verl_trainer_async.engine_host import HostedEngine
 
                 # Its own process, so that generation and the update really run at once (trainer.producer).
                 engine = HostedEngine(engine_cls, config=cfg.rollout.config, model=t.model_spec,
-                                      tokenizer=t.tokenizer, threads=threads)
+                                      tokenizer=t.tokenizer, threads=threads, world=world)
             else:
                 spec = t.model_spec
                 if spec.module is not None:
                     spec = dataclasses.replace(spec, module=copy.deepcopy(spec.module))
-                engine = engine_cls(config=cfg.rollout.config, model=spec, tokenizer=t.tokenizer)
+                engine = engine_cls(config=cfg.rollout.config, model=spec, tokenizer=t.tokenizer, world=world)
         request = t.dataflow.rollout_request
         boundary = t.boundary
 

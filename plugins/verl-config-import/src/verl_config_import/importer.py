@@ -195,7 +195,8 @@ _VERL_SAME = {
 
 #: verl keys with no equivalent here, and why.
 _VERL_NONE = {
-    "trainer.device": "the device follows the executor (executor.device for Ray); the local executor uses what torch sees",
+    "trainer.device": "the device follows the executor: executor.device='auto' (the default) trains on CUDA where "
+                      "torch sees a device, 'cuda' refuses to fall back to the CPU",
     "actor_rollout_ref.hybrid_engine": "the rollout engine and the actor always share the process's accelerators here",
     "actor_rollout_ref.actor.use_dynamic_bsz": "set backend.micro_batch_max_tokens (a token budget per micro-batch) instead",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "mapped only with use_dynamic_bsz (backend.micro_batch_max_tokens)",
