@@ -15,10 +15,11 @@
 # network has none of them: build their wheels here first (pure Python; wheels/ is kept out of git locally),
 #     bash scripts/gpu_check_real_shape.sh --wheels
 # and carry `wheels` to the GPU machine, where this script installs them under /tmp/verl-site.
+# First the colocate_async GPU test (the producer's engine on CUDA, about a minute).
 # Overrides: ONLY (configurations), SHAPE (trl_comparison.py's shape options), STEPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DISTS="./verl_core ./verl_kit ./verl_data ./verl_backend_fsdp ./verl_rollout_hf ./verl_algorithms ./plugins/verl-rewards"
+DISTS="./verl_core ./verl_kit ./verl_data ./verl_backend_fsdp ./verl_rollout_hf ./verl_algorithms ./plugins/verl-rewards ./verl_trainer_async"
 if [ "${1:-}" = "--wheels" ]; then
   exclude="$(git rev-parse --git-path info/exclude)"
   mkdir -p "$(dirname "$exclude")" && { grep -qxF /wheels/ "$exclude" 2>/dev/null || echo /wheels/ >>"$exclude"; }
@@ -39,6 +40,9 @@ fi
 if ! python3 -c "import sys, importlib.metadata as m; sys.exit('fsdp' not in {e.name for e in m.entry_points(group='verl.backends')})"; then
   echo "prepared, not run: verl's distributions are not installed here (run 'bash $0 --wheels' where pip works and carry wheels/)"; exit 1
 fi
+# colocate_async on the GPU: the producer's engine copy (thread and process) generates on CUDA, not the CPU.
+python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider verl_trainer_async/tests/test_async_trainer.py \
+  -k cuda_device 2>&1 | tee "$OUT/async_gpu.log" || echo "the async GPU check failed: $OUT/async_gpu.log"
 ONLY="${ONLY:-ours-hf-2t-bf16,floor-hf-2t-bf16}"
 if python3 -c "import trl, datasets" 2>/dev/null; then ONLY="$ONLY,trl-hf-2t-bf16"; else echo "TRL (or datasets) is not importable here: TRL left out"; fi
 # 16 prompts x 8 samples of 64 + 256 tokens: the HF rollout keeps every step's full-vocabulary logits for the
