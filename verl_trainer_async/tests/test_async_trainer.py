@@ -6,6 +6,7 @@ Small but real: the default tiny task, model, backend, HF rollout and GRPO, 2-6 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,41 @@ def test_the_producer_engine_is_built_on_the_device_the_runs_engine_generates_on
     spec = ModelSpec(path=t.model_spec.path, module=torch.nn.Linear(2, 2))
     hf = HFRollout(config=HFRolloutConfig(), model=spec, tokenizer=t.tokenizer, world=WorldInfo(device="meta"))
     assert next(hf._own.parameters()).device.type == "meta"
+
+
+def test_a_published_version_in_shared_memory_is_one_block_a_rollout_process_adopts_without_a_copy(
+        tmp_path: Path) -> None:
+    """The process producer's weight versions (bench/results/async_memory.md): one shared block per version,
+    tied weights stored once, and the HF engine takes its views as its parameters instead of copying them."""
+    from verl_core.contracts import ModelSpec
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
+    from verl_trainer_async.engine_host import shared_copy
+
+    emb = torch.randn(5, 3)
+    given = [("embed", emb), ("head", emb), ("bias", torch.arange(3, dtype=torch.bfloat16))]
+    version = shared_copy(given)
+    assert version.storage.is_shared() and [name for name, _ in version] == ["embed", "head", "bias"]
+    assert version.layout[0][1] == version.layout[1][1] and version.layout[2][1] % 64 == 0
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(version, given)) and version[2][1].dtype == torch.bfloat16
+    emb.add_(1.0)
+    assert not torch.equal(version[0][1], emb)  # a copy of what was published
+
+    t = trainer(tmp_path, steps=1)
+    t.setup()
+    try:
+        weights = shared_copy(t.actor.iter_weights())
+        module = copy.deepcopy(t.model_spec.module) if t.model_spec.module is not None else None
+        hf = HFRollout(config=HFRolloutConfig(), model=ModelSpec(path=t.model_spec.path, module=module),
+                       tokenizer=t.tokenizer)
+        hf.adopt_weights(weights)
+        own = dict(hf._own.named_parameters())
+        block = (weights.storage.data_ptr(), weights.storage.data_ptr() + weights.storage.numel())
+        assert own and all(block[0] <= p.data_ptr() < block[1] for p in own.values())
+        by_name = dict(weights)
+        assert all(torch.equal(p, by_name[name]) for name, p in own.items())
+    finally:
+        t._close_source()
+        t.executor.shutdown()
 
 
 @pytest.mark.gpu

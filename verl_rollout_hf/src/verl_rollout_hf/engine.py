@@ -173,6 +173,23 @@ class HFRollout(RolloutEngine):
                 if name in params:
                     params[name].copy_(tensor)
 
+    def adopt_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take ``weights`` as the module's parameters, without a copy where shape, dtype and device match (a
+        copy for the rest). The caller must not change them while the engine holds them: a rollout process
+        given a published weight version in shared memory (``verl_trainer_async.engine_host``)."""
+        if self._own is None:
+            return
+        params = dict(self._own.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for name, tensor in weights:
+                param = params.get(name)
+                if param is None:
+                    continue
+                if (param.shape, param.dtype, param.device) == (tensor.shape, tensor.dtype, tensor.device):
+                    param.data = tensor
+                else:
+                    param.copy_(tensor)
+
 
 def _shared_prefill(module: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[Any, ...]:
     """Prefill each (left-padded) prompt once, all but its last token, and repeat rows and cache ``n`` times:

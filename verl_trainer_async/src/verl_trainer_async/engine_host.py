@@ -6,10 +6,15 @@ intra-op thread pool with the trainer, so the two sides never really run at once
 builds the engine in a spawned child instead, with its own thread budget, and forwards the contract's
 calls to it over a pipe; the producer thread in the trainer process only waits on that pipe.
 
-Weight sync goes through shared memory: the first :meth:`HostedEngine.load_weights` moves a copy of the
-weights into shared-memory tensors that the child maps once; each later sync copies the new weights into
-them and tells the child to load them into its model. The child only reads them inside that call, so a
-sync never races a generation.
+Weight sync goes through shared memory. The overlapping modes publish each weight version straight into
+a block of shared memory (:meth:`HostedEngine.snapshot`, a :class:`SharedWeights`); loading it hands the
+child a handle to that block, and an engine that can (``adopt_weights``, the HF rollout) uses it as its
+parameters without a copy. A version is never written after it is published, and the child drops its
+mapping when it adopts the next one, so the run holds one copy of each live version and no other
+(bench/results/async_memory.md). Other weights (any iterable) go the older way: the first
+:meth:`HostedEngine.load_weights` moves a copy into shared-memory tensors that the child maps once; each
+later sync copies the new weights into them and tells the child to load them into its model. The child
+only reads them inside that call, so a sync never races a generation.
 
 The child never outlives its parent: it ignores Ctrl-C (the parent shuts it down), and a watchdog thread
 ends it when its parent process is gone, however the parent died (``kill -9`` included).
@@ -30,13 +35,65 @@ import torch
 
 from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
 
-__all__ = ["HostedEngine"]
+__all__ = ["HostedEngine", "SharedWeights", "shared_copy"]
 
 logger = logging.getLogger(__name__)
 
 # How often the parent checks that the child is alive while it waits for an answer, and the child
 # that its parent is.
 _POLL_S = 0.5
+
+
+class SharedWeights(list):
+    """A weight version in one block of shared memory: ``(name, tensor)`` pairs whose tensors are views of
+    ``storage`` (bytes) as ``layout`` says (``(name, offset, shape, dtype)``; tied weights share an offset).
+    A process it is sent to maps the block, not a copy (:meth:`HostedEngine.load_weights`)."""
+
+    def __init__(self, storage: torch.Tensor, layout: list[tuple[str, int, tuple[int, ...], torch.dtype]]) -> None:
+        super().__init__((name, _view(storage, offset, shape, dtype)) for name, offset, shape, dtype in layout)
+        self.storage = storage
+        self.layout = layout
+
+
+def _view(storage: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    count = 1
+    for size in shape:
+        count *= size
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    return storage[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def shared_copy(weights: Iterable[tuple[str, torch.Tensor]]) -> SharedWeights:
+    """A copy of ``weights`` (from any device) in one new block of shared memory, each tensor 64-byte aligned;
+    a tensor that appears under several names (tied embeddings) is stored once.
+
+    A new block is paged in as the copy first touches it (2.6-4.5 s a version at the 0.5B shape on 2 busy
+    cores, against 0.4 s into a reused one); keeping a dropped version's block for the next one held a third
+    version's memory and, with the producer often still on the version before, was reused every other step
+    only, with no step-time difference measured (bench/results/async_memory.md). So a block lives as long
+    as its version.
+    """
+    weights = [(name, tensor.detach()) for name, tensor in weights]
+    layout: list[tuple[str, int, tuple[int, ...], torch.dtype]] = []
+    placed: dict[tuple[Any, ...], int] = {}
+    sources: list[tuple[int, torch.Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        key = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.dtype, tuple(tensor.stride()))
+        if key not in placed:
+            placed[key] = size
+            sources.append((size, tensor))
+            size += -(-tensor.numel() * tensor.element_size() // 64) * 64
+        layout.append((name, placed[key], tuple(tensor.shape), tensor.dtype))
+    size = max(size, 64)
+    if hasattr(torch.UntypedStorage, "_new_shared"):  # straight into shared memory
+        storage = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+    else:  # a private torch helper: without it, a block in ordinary memory moved to shared memory
+        storage = torch.empty(size, dtype=torch.uint8).share_memory_()
+    with torch.no_grad():
+        for offset, tensor in sources:
+            _view(storage, offset, tuple(tensor.shape), tensor.dtype).copy_(tensor)
+    return SharedWeights(storage, layout)
 
 
 class HostedEngine(RolloutEngine):
@@ -96,7 +153,15 @@ class HostedEngine(RolloutEngine):
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
         return self._call("generate", list(prompt_ids), sampling)
 
+    def snapshot(self, weights: Iterable[tuple[str, torch.Tensor]]) -> SharedWeights:
+        """A weight version to publish, in shared memory that :meth:`load_weights` hands over without a copy."""
+        return shared_copy(weights)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if isinstance(weights, SharedWeights):  # a published version: the child maps its block
+            self._shared = None
+            self._call("adopt", weights.storage, weights.layout, forking=True)
+            return
         weights = [(name, tensor.detach()) for name, tensor in weights]
         with torch.no_grad():
             if self._shared is not None and _same_layout(self._shared, weights):
@@ -225,6 +290,9 @@ def _serve(conn: Any, payload: bytes, threads: int, parent_pid: int) -> None:
             elif op == "load":
                 engine.load_weights(iter(shared))
                 result = None
+            elif op == "adopt":
+                _adopt(engine, SharedWeights(*args))
+                result = None
             elif op == "release_memory":
                 result = engine.release_memory()
             elif op == "reacquire_memory":
@@ -240,6 +308,23 @@ def _serve(conn: Any, payload: bytes, threads: int, parent_pid: int) -> None:
             continue
         conn.send_bytes(pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL))
     conn.close()
+
+
+def _adopt(engine: RolloutEngine, weights: SharedWeights) -> None:
+    """Load a published version: as the engine's own parameters where it can take them (no copy; the
+    version is never written while it is published), a copy otherwise. Memory the engine's earlier weights
+    held goes back to the system (glibc keeps freed heap memory otherwise)."""
+    adopt = getattr(engine, "adopt_weights", None)
+    if adopt is None:
+        engine.load_weights(iter(weights))
+        return
+    adopt(weights)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _reply_error(conn: Any, exc: BaseException) -> None:

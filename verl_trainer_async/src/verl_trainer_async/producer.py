@@ -223,7 +223,7 @@ class RolloutProducer:
             version = self._state.latest
             weights = self._state.snapshots.get(version)
         if weights is not None and self.engine_version != version:
-            self.engine.load_weights(iter(weights))
+            self.engine.load_weights(weights)
             self.engine_version = version
         return version
 
@@ -289,7 +289,7 @@ class RolloutProducer:
                 if self._state.stopped:  # stopped while it waited for the engine: it is someone else's now
                     return
                 if self.engine_version != version:
-                    self.engine.load_weights(iter(weights))
+                    self.engine.load_weights(weights)
                     self.engine_version = version
                 started = time.perf_counter()
                 prompts = draw()

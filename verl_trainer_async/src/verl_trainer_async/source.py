@@ -210,8 +210,14 @@ class AsyncSource(StepSource):
         producer.restore(buffered)
         return producer
 
+    def _snapshot(self) -> list[tuple[str, torch.Tensor]]:
+        """A copy of the actor's weights to publish: in shared memory where the producer's engine maps it
+        from there (:meth:`~verl_trainer_async.engine_host.HostedEngine.snapshot`), a plain clone otherwise."""
+        to_shared = getattr(self.producer.engine, "snapshot", None)
+        return to_shared(self.trainer.actor.iter_weights()) if to_shared else snapshot_weights(self.trainer.actor)
+
     def start(self) -> None:
-        self.producer.publish(self.trainer.step, snapshot_weights(self.trainer.actor))
+        self.producer.publish(self.trainer.step, self._snapshot())
         self.producer.start(torch.get_num_threads())
 
     def next(self, step: int) -> SourcedStep:
@@ -233,7 +239,7 @@ class AsyncSource(StepSource):
 
     def after_update(self, step: int) -> None:
         # A copy of the new weights, which the producer loads between batches.
-        self.producer.publish(step, snapshot_weights(self.trainer.actor))
+        self.producer.publish(step, self._snapshot())
 
     @contextlib.contextmanager
     def validation(self) -> Iterator[None]:
