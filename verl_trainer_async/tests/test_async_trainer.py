@@ -228,6 +228,50 @@ def test_a_published_version_in_shared_memory_is_one_block_a_rollout_process_ado
         t.executor.shutdown()
 
 
+def test_the_rollout_process_reads_each_adopted_version_after_the_trainer_drops_it(tmp_path: Path) -> None:
+    """Versions published into shared memory, loaded into the engine's process and dropped here: the child
+    generates what an in-process engine with those weights generates, and a plain weight load afterwards never
+    writes into a published version. The child is built with the world it is given (its device)."""
+    from verl_core.contracts import ModelSpec, SamplingParams, WorldInfo
+    from verl_rollout_hf import HFRollout, HFRolloutConfig
+    from verl_trainer_async.engine_host import HostedEngine
+
+    t = trainer(tmp_path, steps=1)
+    t.setup()
+    spec = ModelSpec(path=t.model_spec.path, dtype=t.model_spec.dtype)
+    hosted = HostedEngine(HFRollout, config=HFRolloutConfig(), model=spec, tokenizer=t.tokenizer)
+    local = HFRollout(config=HFRolloutConfig(), model=spec, tokenizer=t.tokenizer)
+    meta = HostedEngine(HFRollout, config=HFRolloutConfig(), model=spec, tokenizer=t.tokenizer,
+                        world=WorldInfo(device="meta"))
+    try:
+        assert hosted.child_info()["device"] == "cpu" and meta.child_info()["device"] == "meta"
+        base = [(name, tensor.detach().clone()) for name, tensor in t.actor.iter_weights()]
+        prompts = [[3, 4, 5], [6, 7]]
+        greedy = SamplingParams(max_new_tokens=6, greedy=True, logprobs=False)
+        torch.manual_seed(0)
+        for _ in range(3):
+            weights = [(name, tensor + 0.05 * torch.randn_like(tensor)) for name, tensor in base]
+            version = hosted.snapshot(weights)
+            hosted.load_weights(version)
+            local.load_weights(iter(weights))
+            del version  # the trainer's reference goes; the child's mapping keeps the block
+            assert hosted.generate(prompts, sampling=greedy).response_ids == local.generate(
+                prompts, sampling=greedy).response_ids
+        published = hosted.snapshot(base)
+        hosted.load_weights(published)
+        before = [tensor.clone() for _, tensor in published]
+        hosted.load_weights([(name, tensor + 1.0) for name, tensor in base])  # the staging path
+        assert all(torch.equal(a, b) for a, b in zip(before, (tensor for _, tensor in published)))
+        local.load_weights((name, tensor + 1.0) for name, tensor in base)
+        assert hosted.generate(prompts, sampling=greedy).response_ids == local.generate(
+            prompts, sampling=greedy).response_ids
+    finally:
+        hosted.close()
+        meta.close()
+        t._close_source()
+        t.executor.shutdown()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("producer", ["thread", "process"])
@@ -569,7 +613,14 @@ def test_the_process_producer_trains_exactly_as_the_thread_producer(tmp_path: Pa
         steps = _Steps(t)
         t.setup()
         pid = t.source.producer.engine.pid if producer == "process" else None
+        ops: list[str] = []
+        if pid is not None:  # which calls reach the child: published versions are adopted, never copied in
+            engine = t.source.producer.engine
+            call = engine._call
+            engine._call = lambda op, *args, **kwargs: (ops.append(op), call(op, *args, **kwargs))[1]
         t.train()
+        if pid is not None:
+            assert "adopt" in ops and "load" not in ops and "attach" not in ops, ops
         runs[producer] = (weights(t), [m["async/weight_version"] for m in steps.metrics],
                           [m["reward/mean"] for m in steps.metrics])
         if pid is not None:

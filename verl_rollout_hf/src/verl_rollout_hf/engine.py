@@ -70,7 +70,9 @@ class HFRollout(RolloutEngine):
             self._own = model.module or auto_model_class(AutoConfig.from_pretrained(
                 model.path, trust_remote_code=model.trust_remote_code)).from_pretrained(
                 model.path, dtype=getattr(torch, model.dtype), trust_remote_code=model.trust_remote_code)
-            self._own.to(world.device).eval()  # where the caller's world says (a CUDA trainer's producer copy)
+            if world.device != "cpu":  # a CUDA trainer's producer copy; a caller's module stays where it is
+                self._own.to(world.device)
+            self._own.eval()
         # In-process on the actor's module, a weight sync has nothing to do.
         self.shares_actor_weights = self._own is None
 

@@ -72,6 +72,9 @@ AUTO_TRIAL_MARGIN = 0.1
 #: 0.019 s), while the 0.5B shape's overlapped step took ~40 s against ~71 s in sync. With fewer cores than
 #: the two sides need, ``auto`` therefore runs a measured trial (:func:`judge_trial`) instead of predicting.
 SPARE_CORES = 1
+#: Seconds a hand-back waits for a producer batch still generating on the run's engine (after the producer's own
+#: 30 s): past them the engine is taken as stuck and the run stops with an error rather than race it.
+_HAND_BACK_WAIT_S = 600.0
 
 
 def _secs(seconds: float) -> str:
@@ -408,8 +411,14 @@ class AutoSource(StepSource):
         self._handover_sampler = None
         # An engine the producer generated on holds older weights. A producer thread that outlived close() may
         # still generate on it: its lock waits for that batch, after which the stopped thread leaves the engine.
-        with producer.engine_lock:
+        if not producer.engine_lock.acquire(timeout=_HAND_BACK_WAIT_S):
+            raise RuntimeError(f"trainer.mode=auto: handing back to sync, the producer's last batch was still "
+                               f"generating on the run's engine after {_HAND_BACK_WAIT_S:.0f} s; its weights cannot "
+                               f"be loaded under it (the engine may be stuck)")
+        try:
             sync_rollout_weights(t.rollout, t.actor)
+        finally:
+            producer.engine_lock.release()
         sync_cls = t.registry.load("step_source", "sync")
         self.sync = sync_cls(sync_cls.Config(), trainer=t)  # the first one was closed at the hand-over
         self.sync.start()

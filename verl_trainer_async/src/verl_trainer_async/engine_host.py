@@ -153,8 +153,13 @@ class HostedEngine(RolloutEngine):
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
         return self._call("generate", list(prompt_ids), sampling)
 
-    def snapshot(self, weights: Iterable[tuple[str, torch.Tensor]]) -> SharedWeights:
-        """A weight version to publish, in shared memory that :meth:`load_weights` hands over without a copy."""
+    def snapshot(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """A weight version to publish: in shared memory that :meth:`load_weights` hands over without a copy, for a
+        child that generates on the CPU. A child on a GPU copies whatever it is given onto it, so there the
+        version is a clone on the trainer's device (fast, no host memory paged in during the trainer's step),
+        sent through the staging buffer when loaded."""
+        if self.world.device != "cpu":
+            return [(name, tensor.detach().clone()) for name, tensor in weights]
         return shared_copy(weights)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -288,6 +293,7 @@ def _serve(conn: Any, payload: bytes, threads: int, parent_pid: int) -> None:
                 shared = args[0]
                 result = None
             elif op == "load":
+                _own_parameters(engine)  # never write into a published version the engine adopted
                 engine.load_weights(iter(shared))
                 result = None
             elif op == "adopt":
@@ -325,6 +331,14 @@ def _adopt(engine: RolloutEngine, weights: SharedWeights) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def _own_parameters(engine: RolloutEngine) -> None:
+    """Give parameters that are views of an adopted version (shared memory) storage of their own again."""
+    for module in [m for m in vars(engine).values() if isinstance(m, torch.nn.Module)]:
+        for param in module.parameters():
+            if param.device.type == "cpu" and param.is_shared():
+                param.data = param.data.clone()
 
 
 def _reply_error(conn: Any, exc: BaseException) -> None:
