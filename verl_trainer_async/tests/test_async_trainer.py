@@ -209,6 +209,16 @@ def test_a_published_version_in_shared_memory_is_one_block_a_rollout_process_ado
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(version, given)) and version[2][1].dtype == torch.bfloat16
     emb.add_(1.0)
     assert not torch.equal(version[0][1], emb)  # a copy of what was published
+    # No room left in /dev/shm: an error that says what to do, not a SIGBUS at the first touch.
+    import shutil
+
+    import verl_trainer_async.engine_host as engine_host
+
+    full = shutil.disk_usage("/")._replace(free=16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_host.shutil, "disk_usage", lambda path: full)
+        with pytest.raises(RuntimeError, match=r"/dev/shm has 0.00 GiB free; give the container more .*--shm-size"):
+            shared_copy(given)
 
     t = trainer(tmp_path, steps=1)
     t.setup()

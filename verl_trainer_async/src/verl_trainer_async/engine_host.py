@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shutil
 import signal
 import threading
 import time
@@ -86,6 +87,7 @@ def shared_copy(weights: Iterable[tuple[str, torch.Tensor]]) -> SharedWeights:
             size += -(-tensor.numel() * tensor.element_size() // 64) * 64
         layout.append((name, placed[key], tuple(tensor.shape), tensor.dtype))
     size = max(size, 64)
+    _check_room(size)
     if hasattr(torch.UntypedStorage, "_new_shared"):  # straight into shared memory
         storage = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
     else:  # a private torch helper: without it, a block in ordinary memory moved to shared memory
@@ -94,6 +96,19 @@ def shared_copy(weights: Iterable[tuple[str, torch.Tensor]]) -> SharedWeights:
         for offset, tensor in sources:
             _view(storage, offset, tuple(tensor.shape), tensor.dtype).copy_(tensor)
     return SharedWeights(storage, layout)
+
+
+def _check_room(size: int, shm: str = "/dev/shm") -> None:
+    """Refuse a version that does not fit in shared memory: a block mapped past the end of ``/dev/shm`` kills the
+    process with SIGBUS at the first touch instead of raising (a container's default is 64 MiB)."""
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:  # no /dev/shm to ask (not Linux): torch reports what it cannot allocate
+        return
+    if free < size:
+        raise RuntimeError(f"trainer.producer='process': a weight version needs {size / 2**30:.2f} GiB of shared memory "
+                           f"and {shm} has {free / 2**30:.2f} GiB free; give the container more (docker run "
+                           f"--shm-size, at least two versions at max_staleness=1) or set trainer.producer='thread'")
 
 
 class HostedEngine(RolloutEngine):
@@ -175,6 +190,7 @@ class HostedEngine(RolloutEngine):
                 self._call("load")
                 return
             # First sync (or a changed layout): new shared-memory tensors, mapped by the child once.
+            _check_room(sum(tensor.numel() * tensor.element_size() for _, tensor in weights))
             self._shared = [(name, tensor.to("cpu", copy=True).share_memory_()) for name, tensor in weights]
         self._call("attach", self._shared, forking=True)
         self._call("load")
