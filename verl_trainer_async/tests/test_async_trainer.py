@@ -244,7 +244,7 @@ def test_the_rollout_process_reads_each_adopted_version_after_the_trainer_drops_
     writes into a published version. The child is built with the world it is given (its device)."""
     from verl_core.contracts import ModelSpec, SamplingParams, WorldInfo
     from verl_rollout_hf import HFRollout, HFRolloutConfig
-    from verl_trainer_async.engine_host import HostedEngine
+    from verl_trainer_async.engine_host import HostedEngine, shared_copy
 
     t = trainer(tmp_path, steps=1)
     t.setup()
@@ -261,13 +261,13 @@ def test_the_rollout_process_reads_each_adopted_version_after_the_trainer_drops_
         torch.manual_seed(0)
         for _ in range(3):
             weights = [(name, tensor + 0.05 * torch.randn_like(tensor)) for name, tensor in base]
-            version = hosted.snapshot(weights)
+            version = shared_copy(weights)  # what HostedEngine.snapshot publishes for a CPU child
             hosted.load_weights(version)
             local.load_weights(iter(weights))
             del version  # the trainer's reference goes; the child's mapping keeps the block
             assert hosted.generate(prompts, sampling=greedy).response_ids == local.generate(
                 prompts, sampling=greedy).response_ids
-        published = hosted.snapshot(base)
+        published = shared_copy(base)
         hosted.load_weights(published)
         before = [tensor.clone() for _, tensor in published]
         hosted.load_weights([(name, tensor + 1.0) for name, tensor in base])  # the staging path

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from verl_core.contracts import ModelSpec, RolloutConfig, RolloutEngine, RolloutOutput, SamplingParams, WorldInfo
+from verl_trainer_async.producer import snapshot_weights
 
 __all__ = ["HostedEngine", "SharedWeights", "shared_copy"]
 
@@ -168,14 +169,14 @@ class HostedEngine(RolloutEngine):
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, sampling: SamplingParams) -> RolloutOutput:
         return self._call("generate", list(prompt_ids), sampling)
 
-    def snapshot(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """A weight version to publish: in shared memory that :meth:`load_weights` hands over without a copy, for a
-        child that generates on the CPU. A child on a GPU copies whatever it is given onto it, so there the
-        version is a clone on the trainer's device (fast, no host memory paged in during the trainer's step),
-        sent through the staging buffer when loaded."""
+    def snapshot(self, actor: Any) -> list[tuple[str, torch.Tensor]]:
+        """A version of ``actor``'s weights to publish: in shared memory that :meth:`load_weights` hands over
+        without a copy, for a child that generates on the CPU. A child on a GPU copies whatever it is given onto
+        it, so there the version is the producer's usual clone on the trainer's device (fast, no host memory
+        paged in during the trainer's step), sent through the staging buffer when loaded."""
         if self.world.device != "cpu":
-            return [(name, tensor.detach().clone()) for name, tensor in weights]
-        return shared_copy(weights)
+            return snapshot_weights(actor)
+        return shared_copy(actor.iter_weights())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         if isinstance(weights, SharedWeights):  # a published version: the child maps its block

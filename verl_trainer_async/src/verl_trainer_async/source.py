@@ -213,8 +213,8 @@ class AsyncSource(StepSource):
     def _snapshot(self) -> list[tuple[str, torch.Tensor]]:
         """A copy of the actor's weights to publish: in shared memory where the producer's engine maps it
         from there (:meth:`~verl_trainer_async.engine_host.HostedEngine.snapshot`), a plain clone otherwise."""
-        to_shared = getattr(self.producer.engine, "snapshot", None)
-        return to_shared(self.trainer.actor.iter_weights()) if to_shared else snapshot_weights(self.trainer.actor)
+        own = getattr(self.producer.engine, "snapshot", None)
+        return own(self.trainer.actor) if own else snapshot_weights(self.trainer.actor)
 
     def start(self) -> None:
         self.producer.publish(self.trainer.step, self._snapshot())
