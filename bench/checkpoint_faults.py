@@ -91,7 +91,7 @@ def measure(rank: int, world: int, model_dir: str, root: str, port: int, out: st
     import torch.distributed as dist
 
     from verl_backend_fsdp.backend import FSDPBackend, FSDPConfig
-    from verl_core.checkpoint import CheckpointManager, _checksum, _default_algorithm, _parallel
+    from verl_run_store.checkpoints import CheckpointManager, _checksum, _default_algorithm, _parallel
     from verl_core.contracts import ModelSpec, Role, WorldInfo
     from verl_core.testing import make_batch
 

@@ -27,7 +27,7 @@ def prepare(root: Path) -> str:
     from verl_core.testing import build_byte_tokenizer, make_batch
     from verl_core.testing._backend import simple_policy_loss
     from verl_core.contracts import ModelSpec, Role, WorldInfo
-    from verl_core.checkpoint import CheckpointManager
+    from verl_run_store import CheckpointManager
     from verl_core.config import config_to_dict, dump_toml, resolve_config
     from verl_core.registry import PluginRegistry
     from verl_backend_megatron.backend import MegatronBackend, MegatronConfig

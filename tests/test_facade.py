@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_core.checkpoint import CheckpointError
+from verl_core.contracts import CheckpointError
 from verl_core.config import ConfigError
 
 ROWS = [{"text": f"{a}+{b}=", "answer": str(a + b)} for a, b in ((12, 34), (50, 7), (23, 23), (81, 9), (40, 44),

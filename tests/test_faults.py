@@ -37,7 +37,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from verl_core.checkpoint import CheckpointManager
+from verl_run_store import CheckpointManager
 
 OUT = "run"
 # Small but real: the default task, model, backend, rollout and algorithm.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_core.checkpoint import CheckpointManager
+from verl_run_store import CheckpointManager
 
 FAST = ["data.batch_size=16", "rollout.n=4", "data.max_val_samples=40", "run.val_every=0", "run.threads=1",
         "reward.isolation=\"none\""]

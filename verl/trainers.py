@@ -178,20 +178,22 @@ class _RLTrainer:
         directory or an object), so nothing else is needed, not even the original model directory.
         Objects passed here are used instead of the copies.
         """
-        from verl_core.kit import CheckpointManager
-        from verl_core.config import ConfigError, load_raw_config
+        from verl_core.config import ConfigError, RunConfig, plugin_for_key
+        from verl_core.kit import OBJECT_PREFIX, CheckpointError
         from verl_core.registry import PluginRegistry
-        from verl_core.kit import OBJECT_PREFIX, copied_keys
 
-        ckpt = CheckpointManager.resolve(path)
-        saved = load_raw_config(ckpt.parent.parent / "config.toml")
+        registry = registry or PluginRegistry()
+        run, ckpt = plugin_for_key(registry, "run_store", RunConfig.store, "run.store").find(path, verify=False)
+        saved = run.recorded_config()
+        if saved is None:
+            raise CheckpointError(f"{run.run_dir} has no config.toml next to its checkpoints")
         name = saved.get("algorithm", {}).get("name")
         if name != cls.algorithm:
             raise ConfigError("algorithm.name", f"{path} is a {name!r} run, not {cls.algorithm!r}: continue it with "
                                                 f"the trainer of its algorithm (or verl.Trainer.from_checkpoint)")
         given = {"path": actor_model, "tokenizer": tokenizer, "critic_path": critic_model}
         arguments = {"path": "actor_model", "tokenizer": "tokenizer", "critic_path": "critic_model"}
-        copied = copied_keys(ckpt.parent.parent, saved.get("model", {}))
+        copied = set(run.model_copies(saved.get("model", {})))
         for key, recorded in saved.get("model", {}).items():
             if (isinstance(recorded, str) and recorded.startswith(OBJECT_PREFIX) and given.get(key) is None
                     and key not in copied):  # a run from before run directories held their models
@@ -199,7 +201,7 @@ class _RLTrainer:
                                                   f"of it; pass it again: {cls.__name__}.from_checkpoint("
                                                   f"{str(path)!r}, {arguments[key]}=...)")
         self = cls.__new__(cls)
-        self._registry = registry or PluginRegistry()
+        self._registry = registry
         section: dict[str, Any] = {}
         self._objects = cls._take_objects(section, actor_model, tokenizer, critic_model)
         self._raw, self._checkpoint = saved, ckpt
@@ -226,7 +228,7 @@ class _RLTrainer:
                 checkpoint or run directory; ``False`` starts over; ``None`` (default) continues when there
                 is a checkpoint to continue from.
         """
-        from verl_core.kit import CheckpointError, CheckpointManager
+        from verl_core.kit import CheckpointError
 
         run: dict[str, Any] = {}
         if num_epochs is not None:
@@ -240,7 +242,7 @@ class _RLTrainer:
             run["resume"] = str(resume_from_checkpoint)
         self.trainer = self._build(run)
         if resume_from_checkpoint is True and self.trainer.config.run.resume == "auto":
-            if CheckpointManager(self.trainer.run_dir).latest() is None:
+            if self.trainer.store.latest(verify=False) is None:
                 raise CheckpointError(f"resume_from_checkpoint=True, but {self.trainer.run_dir} has no complete "
                                       f"checkpoint; train without it first, or pass a checkpoint path")
         self.config = self.trainer.config

@@ -8,7 +8,8 @@ import torch
 import torch.multiprocessing as mp
 
 from fsdp_test_utils import leave_process_group
-from verl_core.checkpoint import CheckpointError, CheckpointManager
+from verl_core.contracts import CheckpointError
+from verl_run_store import CheckpointManager
 from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
 

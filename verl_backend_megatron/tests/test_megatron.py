@@ -14,7 +14,7 @@ import torch
 
 from verl_backend_megatron import _cpu
 from verl_backend_megatron.backend import MegatronBackend, MegatronConfig
-from verl_core.checkpoint import CheckpointError
+from verl_core.contracts import CheckpointError
 from verl_core.config import ConfigError
 from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import BackendConformance, make_batch, tiny_model_dir

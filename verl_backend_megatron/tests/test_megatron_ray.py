@@ -168,7 +168,7 @@ def test_verl_export_of_a_multi_rank_checkpoint(name: str, ray_session, one_proc
     logits score the batch as the multi-rank group did."""
     from transformers import AutoModelForCausalLM
 
-    from verl_core.checkpoint import CheckpointManager
+    from verl_run_store import CheckpointManager
     from verl_core.config import config_to_dict, dump_toml, resolve_config
     from verl_core.registry import PluginRegistry
     from verl_core.testing import BackendConformance

@@ -191,3 +191,15 @@ def test_a_data_reader_plugin_is_checked_before_models_and_its_rows_where_they_e
                                                 rf"\[0, {vocab}\), the model's vocabulary. Nothing was trained"):
         load_data(t)
 
+
+
+def test_an_unknown_run_store_is_refused_with_the_config_naming_the_installed_ones() -> None:
+    """``run.store`` names a ``verl.run_stores`` plugin; a typo fails when the config resolves (before any
+    model loads, ``verl config check`` too), naming the key, the installed stores and the closest one."""
+    from verl_core.config import resolve_config
+
+    registry = PluginRegistry()
+    assert resolve_config({"run": {"store": "local"}}, registry).run.store == "local"
+    with pytest.raises(UnknownPluginError, match=r"^run.store: no run_store plugin named 'lcoal' is installed") as exc:
+        resolve_config({"run": {"store": "lcoal"}}, registry)
+    assert "local" in exc.value.installed and exc.value.suggestions == ["local"]

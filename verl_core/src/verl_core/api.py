@@ -10,6 +10,7 @@ a started run stops with, beyond the user errors of ``config``/``registry``/``co
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -17,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_core.boundary import PluginOutputError
-from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
-from verl_core.config import Config, apply_overrides, load_raw_config, resolve_config
-from verl_core.contracts import ModelSpec, ServerError, WorkerFailedError
+from verl_core.config import Config, apply_overrides, load_raw_config, plugin_for_key, resolve_config
+from verl_core.contracts import CheckpointError, CheckpointWriteError, ModelSpec, ServerError, WorkerFailedError
 from verl_core.registry import PluginRegistry
 from verl_core.rollout_utils import WeightSyncError
 from verl_core.signals import PREEMPTED_EXIT, Preempted
@@ -66,11 +66,12 @@ def check(cfg: Config, registry: Any) -> Plan:
 
     warnings: list[str] = []
     trainer = Trainer(cfg, registry=registry)
+    store = trainer.store
     model_path = resolve_model_path(cfg.model.path, registry)
     tok_path = cfg.model.tokenizer or model_path
     check_sources(trainer, model_path, tok_path)
     tokenizer, padded = load_tokenizer(cfg, tok_path)
-    _check_run_dir(cfg, registry)
+    store.check(cfg, registry)  # the run directory's checks of RunStore.claim, writing nothing
     warnings += [padded] if padded else []
     trainer.tokenizer = tokenizer
     trainer.model_spec = ModelSpec(path=model_path, tokenizer_path=tok_path, dtype=cfg.model.dtype,
@@ -112,7 +113,7 @@ def check(cfg: Config, registry: Any) -> Plan:
     registry.load("executor", cfg.executor.name)
     registry.load("rollout", cfg.rollout.name)
     if cfg.run.resume not in ("auto", "never", "force"):
-        CheckpointManager.verify(CheckpointManager.resolve(cfg.run.resume))
+        store.find(cfg.run.resume)  # verified
     return Plan(model_path=model_path, model_config=model_config(trainer) or {}, train_rows=train_rows,
                 val_rows=val_rows, max_steps=max_steps, needs=needs, dataflow=trainer.dataflow, reused=reused,
                 world_size=world_size, warnings=warnings)
@@ -129,17 +130,6 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _check_run_dir(cfg: Config, registry: Any) -> None:
-    """The run directory's checks of :func:`verl_core.rundir.open_run_dir`, writing nothing."""
-    from verl_core.rundir import check_output_dir, refused_resume
-
-    run_dir = Path(cfg.run.output_dir)
-    check_output_dir(run_dir)
-    problem = refused_resume(run_dir, cfg, registry)
-    if problem is not None:
-        raise problem
-
-
 @dataclass
 class SavedRun:
     """A checkpoint opened by :func:`saved_run`: the config it was saved with and the model it trains."""
@@ -154,23 +144,21 @@ class SavedRun:
         return self.checkpoint / "actor"
 
 
-def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None) -> SavedRun:
+def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None, *, store: str = "local") -> SavedRun:
     """Open a checkpoint (or a run directory's latest), verified, with the config it was saved with.
 
-    The model comes from the run's own copy (:mod:`verl_core.run_model`) where it has one, so the original
-    model directory may be gone.
+    The model comes from the run's own copy (:meth:`~verl_core.contracts.RunStore.model_copies`) where it has
+    one, so the original model directory may be gone. ``store``: the ``run.store`` plugin that wrote it.
     """
     from verl_core.assembly import resolve_model_path
-    from verl_core.run_model import copy_overrides
 
     registry = registry or PluginRegistry()
-    ckpt = CheckpointManager.resolve(path)
-    CheckpointManager.verify(ckpt)
+    run, ckpt = plugin_for_key(registry, "run_store", store, "run.store").find(path)
     config_file = ckpt / "config.toml"
     if not config_file.is_file():
         raise CheckpointError(f"{ckpt} has no config.toml; it was not written by verl")
     raw = load_raw_config(config_file)
-    copies = copy_overrides(ckpt.parent.parent, raw.get("model", {}))
+    copies = [f"model.{k}={json.dumps(v)}" for k, v in run.model_copies(raw.get("model", {})).items()]
     cfg = resolve_config(apply_overrides(raw, [*copies, "run.resume=\"never\""]), registry)
     model_path = resolve_model_path(cfg.model.path, registry)
     return SavedRun(ckpt, cfg, ModelSpec(path=model_path, tokenizer_path=cfg.model.tokenizer or model_path,

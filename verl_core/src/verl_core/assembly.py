@@ -14,17 +14,15 @@ from typing import Any
 
 from verl_core.boundary import Boundary, check_prompt_rows, plugin_label
 from verl_core.config import HUB_ID, Config, ConfigError, config_to_dict, plugin_for_key, resolve_config
-from verl_core.contracts import DataReader, ModelSpec, Role
+from verl_core.contracts import DataReader, ModelSpec, Role, RunStore
 from verl_core.registry import BUILTIN_PREFIX, PluginRegistry, load_builtin
 from verl_core.rollout_utils import check_rollout_multi_modal
-from verl_core.rundir import open_run_dir
-from verl_core.run_model import check_same_model, stand_in, write_run_models
 from verl_core.sampler import PromptSampler
 
 __all__ = ["resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "with_objects",
            "open_model", "load_prompts", "make_backend", "check_roles", "load_tokenizer", "pad_with_eos",
            "check_sources", "critic_spec", "check_step_source", "model_config", "make_boundary",
-           "reusable_old_log_probs", "start_reward_model", "data_reader", "load_data", "vocab_size"]
+           "reusable_old_log_probs", "start_reward_model", "data_reader", "load_data", "vocab_size", "run_store"]
 
 
 def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
@@ -136,12 +134,12 @@ def pad_with_eos(tokenizer: Any, path: str) -> str | None:
 
 def open_model(t: Any) -> tuple[str, str]:
     """The model and tokenizer paths of trainer ``t`` (a run directory's own copies stand in for missing ones),
-    checked; its tokenizer loaded; on the controller, the run directory claimed (a resume with another model
-    stops here, from metadata) and the run's model copies written."""
-    cfg = t.config
-    model_path = (stand_in(t.run_dir, "model.path", resolve_model_path(cfg.model.path, t.registry))
+    checked; its tokenizer loaded; on the controller, the run directory claimed (:meth:`RunStore.claim`: a
+    resume with another model stops here, from metadata; the run's model copies written)."""
+    cfg, store = t.config, t.store
+    model_path = (store.stand_in("model.path", resolve_model_path(cfg.model.path, t.registry))
                   if t._model_obj is None else (cfg.model.path or ""))
-    tok_path = stand_in(t.run_dir, "model.tokenizer", cfg.model.tokenizer) or model_path
+    tok_path = store.stand_in("model.tokenizer", cfg.model.tokenizer) or model_path
     check_sources(t, model_path, tok_path)
     padded = pad_with_eos(t.tokenizer, tok_path) if t.tokenizer is not None else None
     if t.tokenizer is None:
@@ -149,10 +147,8 @@ def open_model(t: Any) -> tuple[str, str]:
     if padded:
         logging.getLogger(__name__).warning("%s", padded)
     if t.registry.load("executor", cfg.executor.name).is_controller(cfg.executor.config):
-        check_same_model(t.run_dir, cfg.run.resume, path=model_path, module=t._model_obj, tokenizer=t.tokenizer)
-        t.run_lock = open_run_dir(cfg, t.registry)  # one run per directory, a resume only of what it holds
-        write_run_models(t.run_dir, cfg.model, model=t._model_obj, tokenizer=t.tokenizer,
-                         critic=t._critic_obj)  # once: resume and export need no model directory
+        store.claim(cfg, t.registry, model_path=model_path, model=t._model_obj, tokenizer=t.tokenizer,
+                    critic=t._critic_obj)  # one run per directory, a resume only of what it holds
     return model_path, tok_path
 
 
@@ -221,7 +217,7 @@ def critic_spec(t: Any, needed: bool) -> ModelSpec:
                                                f"leave model.critic_path and critic_model= out, or use one "
                                                f"with a critic (ppo)")
     if t._critic_obj is None:
-        path = stand_in(t.run_dir, "model.critic_path", resolve_model_path(path, t.registry))
+        path = t.store.stand_in("model.critic_path", resolve_model_path(path, t.registry))
         check_model_source(path, "model.critic_path", argument="critic_model")
     return dataclasses.replace(t.model_spec, path=path, module=t._critic_obj)
 
@@ -287,6 +283,12 @@ def start_reward_model(t: Any, backend: Any, path: str) -> None:
     group = t.executor.create_group(role=Role.REWARD_MODEL, factory=factory)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     t.reward.attach_reward_model(group, tokenizer)
+
+
+def run_store(registry: Any, config: Config, run_dir: Any = None) -> RunStore:
+    """The ``run.store`` plugin of ``config``, on ``run_dir`` (default ``run.output_dir``)."""
+    store = plugin_for_key(registry, "run_store", config.run.store, "run.store")
+    return store(Path(run_dir or config.run.output_dir), keep=config.run.keep_checkpoints)
 
 
 def data_reader(registry: Any, name: str) -> DataReader:

@@ -69,8 +69,10 @@ class RunConfig:
         save_every: checkpoint every N steps (0: only at the end).
         keep_checkpoints: how many complete checkpoints to keep (0 keeps all).
         resume: ``"auto"`` (latest complete checkpoint in output_dir, refused when the directory holds a run
-            trained with other settings: ``verl_core.rundir``), ``"never"`` (start over; the earlier run's files
+            trained with other settings), ``"never"`` (start over; the earlier run's files
             are moved to ``superseded-<time>/``), ``"force"`` (as ``"auto"``, whatever differs), or a checkpoint path.
+        store: the run store plugin that keeps the run directory (``verl.run_stores``; verl-run-store's
+            ``local``: a directory on a local or mounted filesystem).
         seed: seed for data order, sampling and initialisation.
         val_every: validate every N steps (0: only before and after training).
         val_before_train: validate before the first step.
@@ -103,6 +105,7 @@ class RunConfig:
     save_every: int = 0
     keep_checkpoints: int = 2
     resume: str = "auto"
+    store: str = "local"
     seed: int = 1
     val_every: int = 10
     val_before_train: bool = True
@@ -461,7 +464,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
         profile = (f"built-in task (the preset of {path} sets {', '.join(applied) or 'nothing you left unset'}; "
                    f"settings you give win)")
     else:
-        max_positions = max_positions if max_positions is not None else _max_positions(path, raw.get("run"))
+        max_positions = max_positions if max_positions is not None else _max_positions(path, raw.get("run"), registry)
         fitted = fitted_lengths(max_positions)
         raw = _with_model_preset(raw, registry, fitted)
         profile = "own model (each section's defaults" + (
@@ -492,6 +495,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
             built[section] = PluginSection(name, None)
         else:
             built[section] = PluginSection(name, build_dataclass(config_cls, values, section))
+    plugin_for_key(registry, "run_store", built["run"].store, "run.store")  # an unknown one fails here
     return Config(built, sections, raw=user, profile=profile)
 
 
@@ -586,13 +590,12 @@ def fitted_lengths(max_positions: Any) -> dict[str, dict[str, int]]:
     return {"data": {"max_prompt_length": max_positions - new}, "rollout": {"max_new_tokens": new}}
 
 
-def _max_positions(path: str, run: Any = None) -> Any:
+def _max_positions(path: str, run: Any, registry: Any) -> Any:
     """``max_position_embeddings`` from a local model directory's config.json (None if there is none); from
-    the run directory's copy of it when the directory is gone (:func:`verl_core.run_model.stand_in`)."""
+    the run directory's copy of it when the directory is gone (:meth:`~verl_core.contracts.RunStore.stand_in`)."""
     if isinstance(run, Mapping) and run.get("output_dir"):
-        from verl_core.run_model import stand_in  # not at the top: run_model imports this module
-
-        path = stand_in(Path(str(run["output_dir"])), "model.path", path, note=False)
+        store = plugin_for_key(registry, "run_store", str(run.get("store", RunConfig.store)), "run.store")
+        path = store(Path(str(run["output_dir"]))).stand_in("model.path", path, note=False)
     try:
         return json.loads((Path(path).expanduser() / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):

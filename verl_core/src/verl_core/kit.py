@@ -17,8 +17,7 @@ from typing import Any
 #: Public name -> (core module, attribute).
 _EXPORTS: dict[str, tuple[str, str]] = {
     **{n: ("verl_core.boundary", n) for n in ("Boundary", "check_messages", "check_step_result")},
-    **{n: ("verl_core.checkpoint", n) for n in ("CheckpointError", "CheckpointManager", "pid_alive")},
-    "DataError": ("verl_core.contracts", "DataError"),
+    **{n: ("verl_core.contracts", n) for n in ("CheckpointError", "DataError")},
     **{n: ("verl_core.dataflow", n) for n in ("BATCH", "EXTRAS_PREFIX", "DataflowBuilder")},
     **{n: ("verl_core.hooks", n) for n in ("hookimpl", "sample_records", "SAMPLE_FIELDS")},
     "BASELINE": ("verl_core.rollout_stage", "BASELINE"),
@@ -26,7 +25,6 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "produce_rollout": ("verl_core.rollout_stage", "produce"),
     **{n: ("verl_core.rollout_utils", n) for n in ("sync_rollout_weights", "WeightSyncError", "left_pad",
                                                    "right_pad", "build_batch", "run_guard_limit")},
-    **{n: ("verl_core.run_model", n) for n in ("copied_keys",)},
     **{n: ("verl_core.assembly", n) for n in ("OBJECT_PREFIX",)},
 }
 

@@ -64,7 +64,7 @@ KINDS: dict[str, str] = {
     "environment": "verl.environments", "executor": "verl.executors", "logger": "verl.loggers", "hook": "verl.hooks",
     "model": "verl.models", "dataset": "verl.datasets", "command": "verl.commands",
     "config_section": "verl.config_sections", "scorer": "verl.scorers", "step_source": "verl.step_sources",
-    "config_format": "verl.config_formats", "data_reader": "verl.data_readers",
+    "config_format": "verl.config_formats", "data_reader": "verl.data_readers", "run_store": "verl.run_stores",
 }
 
 #: Entry-point group in which a distribution declares the plugin API it targets.
@@ -113,6 +113,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-dashboard": {"command": ("dashboard", "report")},
     "verl-config-import": {"config_format": ("verl-yaml",)},
     "verl-data": {"data_reader": ("standard",)},
+    "verl-run-store": {"run_store": ("local",)},
 }
 
 

@@ -12,27 +12,27 @@ from typing import Any, Sequence
 import torch
 
 from verl_core.assembly import _without_v1_algorithm_keys
-from verl_core.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
-from verl_core.config import Config, apply_overrides, config_to_dict, dump_toml, load_raw_config, resolve_config
-from verl_core.contracts import WorkerFailedError
+from verl_core.config import Config, apply_overrides, config_to_dict, dump_toml, plugin_for_key, resolve_config
+from verl_core.contracts import CheckpointError, CheckpointWriteError, WorkerFailedError
 from verl_core.sampler import PromptSampler
-from verl_core.run_model import copy_overrides
 from verl_core.rollout_utils import sync_rollout_weights
 
 __all__ = ["saved_config", "resume", "save", "save_due", "restart", "at_step"]
 
 
-def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, given: set[str]) -> Config:
-    """The config of the run a checkpoint (or run directory) belongs to, set to resume from it: its saved
-    config.toml, the run's own model copies for the ``model.*`` keys not ``given`` as objects, ``overrides``."""
-    ckpt = CheckpointManager.resolve(path)
-    run_dir = ckpt.parent.parent
-    config_file = run_dir / "config.toml"
-    if not config_file.is_file():
-        raise CheckpointError(f"{run_dir} has no config.toml next to its checkpoints")
-    saved = _without_v1_algorithm_keys(load_raw_config(config_file), registry)
-    overrides = [*copy_overrides(run_dir, saved.get("model", {}), given=given),
-                 f"run.resume={json.dumps(str(ckpt))}", f"run.output_dir={json.dumps(str(run_dir))}", *overrides]
+def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, given: set[str],
+                 store: str = "local") -> Config:
+    """The config of the run a checkpoint (or run directory) belongs to, set to resume from it: the config the
+    run recorded, the run's own model copies for the ``model.*`` keys not ``given`` as objects, ``overrides``.
+    ``store``: the ``run.store`` plugin that keeps the run."""
+    run, ckpt = plugin_for_key(registry, "run_store", store, "run.store").find(path, verify=False)
+    recorded = run.recorded_config()
+    if recorded is None:
+        raise CheckpointError(f"{run.run_dir} has no config.toml next to its checkpoints")
+    saved = _without_v1_algorithm_keys(recorded, registry)
+    copies = {k: v for k, v in run.model_copies(saved.get("model", {})).items() if k not in given}
+    overrides = [*(f"model.{k}={json.dumps(v)}" for k, v in copies.items()), f"run.resume={json.dumps(str(ckpt))}",
+                 f"run.output_dir={json.dumps(str(run.run_dir))}", f"run.store={json.dumps(store)}", *overrides]
     return resolve_config(apply_overrides(saved, overrides), registry)
 
 
@@ -43,12 +43,11 @@ def resume(t: Any, mode: str) -> None:
     if mode == "never":
         return
     if mode == "auto":  # a corrupt latest falls back to the one before it (run.on_corrupt_checkpoint)
-        ckpt, _ = t.checkpoints.latest_intact(fallback=t.config.run.on_corrupt_checkpoint == "fallback")
+        ckpt = t.store.latest(fallback=t.config.run.on_corrupt_checkpoint == "fallback")
         if ckpt is None:
             return
-    else:  # the checkpoint the user named, or none
-        ckpt = CheckpointManager.resolve(mode)
-        CheckpointManager.verify(ckpt)
+    else:  # the checkpoint the user named (verified), or none
+        _, ckpt = t.store.find(mode)
     state = json.loads((ckpt / "trainer_state.json").read_text())
     t.actor.load_state(str(ckpt / "actor"))
     if t.critic is not None:
@@ -83,7 +82,7 @@ def save(t: Any) -> Path:
     info = {"model": t.model_spec.path}
     if t.critic is not None:
         info["critic"] = t.critic_spec.path
-    path = t.checkpoints.save(t.step, write, info=info)
+    path = t.store.save(t.step, write, info=info)
     t._checkpoint = (t.step, path)
     t.hooks.hook.verl_checkpoint_saved(step=t.step, path=path)
     return path

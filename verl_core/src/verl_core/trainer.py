@@ -19,21 +19,19 @@ import torch
 from verl_core import run_state
 from verl_core.assembly import (OBJECT_PREFIX, _create_worker, check_model_source, check_step_source, critic_spec,
                                 load_prompts, make_backend, make_boundary, object_source, open_model,
-                                resolve_model_path, reusable_old_log_probs, start_reward_model, with_objects)
-from verl_core.checkpoint import CheckpointManager
+                                resolve_model_path, reusable_old_log_probs, run_store, start_reward_model,
+                                with_objects)
 from verl_core.config import Config, apply_overrides, load_raw_config, resolve_config
 from verl_core.contracts import ModelSpec, Role, StepSource, WorkerFailedError
 from verl_core.dataflow import Dataflow, DataflowBuilder, StepContext
 from verl_core.hooks import build_plugin_manager
 from verl_core.registry import PluginRegistry
 from verl_core.rollout_utils import check_weight_sync, run_guard_limit
-from verl_core.rundir import RunLock
-from verl_core.run_model import copied_keys
 from verl_core.run_state import at_step
 from verl_core.signals import Preempted, StopSignals
 from verl_core.validation import validate
 
-__all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX", "copied_keys"]
+__all__ = ["Trainer", "resolve_model_path", "check_model_source", "object_source", "OBJECT_PREFIX"]
 
 
 class Trainer:
@@ -50,7 +48,7 @@ class Trainer:
             (see :class:`~verl_core.config.ModelConfig`); only for algorithms with a critic.
 
     A run given objects records them as ``"<object: ...>"`` and saves them into its directory
-    (:mod:`verl_core.run_model`), which :meth:`from_checkpoint` loads them from.
+    (:meth:`RunStore.claim <verl_core.contracts.RunStore.claim>`), which :meth:`from_checkpoint` loads them from.
 
     Example:
         >>> trainer = Trainer.from_config(overrides=["run.max_steps=5"])  # doctest: +SKIP
@@ -67,7 +65,8 @@ class Trainer:
         self._critic_obj = critic_model
         self.tokenizer = tokenizer
         self.run_dir = Path(config.run.output_dir)
-        self.run_lock: RunLock | None = None  # held from setup to the end of train() (verl_core.rundir)
+        #: The run directory (``run.store``): claimed by setup() on the controller, held to the end of train().
+        self.store = run_store(self.registry, config)
         self.step = 0
         self._ready = False
         #: Worker-group restarts after a dead worker (``run.max_restarts``) and checkpoints that failed to write.
@@ -94,7 +93,7 @@ class Trainer:
                         registry: PluginRegistry | None = None, **kwargs: Any) -> "Trainer":
         """Continue the run a checkpoint (or run directory) belongs to, with its saved config.
 
-        The models and tokenizer come from the run's own copies (:mod:`verl_core.run_model`) where it has
+        The models and tokenizer come from the run's own copies (:meth:`~verl_core.contracts.RunStore.model_copies`) where it has
         them, so the original model directory (or object) is not needed; ``model=``, ``tokenizer=`` and
         ``critic_model=`` objects, and ``model.*`` overrides, take their place.
         """
@@ -135,7 +134,6 @@ class Trainer:
         self.reuse_update_log_probs = reusable_old_log_probs(self)
         self.boundary = make_boundary(self)
         self.hooks = build_plugin_manager(self.registry, loggers=cfg.run.loggers, disable_hooks=cfg.run.disable_hooks)
-        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.run.keep_checkpoints)
         self._backend.check(model=self.model_spec, world_size=cfg.executor.config.world_size)  # before any model loads
         self._start_workers("auto" if cfg.run.resume == "force" else cfg.run.resume)
         self._ready = True
@@ -189,13 +187,11 @@ class Trainer:
         try:
             with StopSignals(self.config.run.save_on_signal) as stop:
                 self.setup()
-                if self.run_lock is not None:  # None on a rank that only serves the controller
-                    self.run_lock.acquire()  # again, when an earlier train() of this trainer released it
+                self.store.hold()  # again, when an earlier train() of this trainer released it
                 stop.install()  # again: ray.init, during set-up, installs a SIGTERM handler of its own
                 return self._train(stop)
         finally:
-            if self.run_lock is not None:
-                self.run_lock.release()
+            self.store.release()
 
     def _train(self, stop: StopSignals) -> dict[str, float]:
         cfg = self.config.run

@@ -20,7 +20,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from verl_core.kit import pid_alive  # the liveness check of the checkpoint lock
+from verl_run_store import pid_alive  # the liveness check of the run directory's lock
 
 __all__ = ["RunSet", "Run", "JsonLines", "is_run_dir", "flatten", "RunDirError"]
 

@@ -4,7 +4,7 @@
 
 Each extension kind has one uniform interface with keyword-only arguments over the typed
 :class:`~verl_core.batch.Batch`: training backends (worker roles), rollout engines, algorithms, rewards,
-environments, executors, step sources, config formats and data readers. The controller talks to plugins
+environments, executors, step sources, config formats, data readers and run stores. The controller talks to plugins
 only through these, so it never needs to know which plugin it drives. The conformance suites in
 :mod:`verl_core.testing` check an implementation against them.
 """
@@ -20,6 +20,7 @@ from verl_core.contracts.providers import ModelProvider, DatasetProvider
 from verl_core.contracts.config_format import ConfigFormat
 from verl_core.contracts.step_source import SourcedStep, StepSource, StepSourceConfig
 from verl_core.contracts.data import DataError, DataReader
+from verl_core.contracts.run_store import RunStore, CheckpointError, CheckpointWriteError, CorruptCheckpointError
 
 __all__ = [
     "Role",
@@ -69,4 +70,8 @@ __all__ = [
     "StepSourceConfig",
     "DataError",
     "DataReader",
+    "RunStore",
+    "CheckpointError",
+    "CheckpointWriteError",
+    "CorruptCheckpointError",
 ]

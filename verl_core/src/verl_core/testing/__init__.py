@@ -20,6 +20,7 @@ Suites:
     :class:`ScorerConformance`: fixtures ``scorer``, ``cases`` (and ``tokenizer``).
     :class:`ExecutorConformance`: fixture ``executor``.
     :class:`StepSourceConformance`: fixture ``overrides`` (selecting ``trainer.mode``).
+    :class:`RunStoreConformance`: fixture ``store`` (a callable ``(run_dir, keep=0)``).
 
 Helpers:
     :func:`make_batch`: a small synthetic :class:`~verl_core.batch.Batch`.
@@ -39,6 +40,7 @@ from verl_core.testing._backend import BackendConformance
 from verl_core.testing._environment import EnvironmentConformance
 from verl_core.testing._executor import ExecutorConformance
 from verl_core.testing._step_source import StepSourceConformance
+from verl_core.testing._run_store import RunStoreConformance
 from verl_core.testing._config_effects import ConfigEffect, EffectHarness, config_effect_batch, config_field_problems
 from verl_core.testing._factories import chat_prompt_ids, make_batch, tiny_model_dir
 from verl_core.testing._rollout import RolloutConformance
@@ -46,6 +48,6 @@ from verl_core.testing._scorer import ScorerConformance
 from verl_core.testing._text_models import build_byte_tokenizer, tiny_reward_model_dir, tiny_text_model_dir
 
 __all__ = ["AlgorithmConformance", "BackendConformance", "EnvironmentConformance", "RolloutConformance",
-           "ScorerConformance", "ExecutorConformance", "StepSourceConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
+           "ScorerConformance", "ExecutorConformance", "StepSourceConformance", "RunStoreConformance", "make_batch", "tiny_model_dir", "chat_prompt_ids",
            "build_byte_tokenizer", "tiny_text_model_dir", "tiny_reward_model_dir", "ConfigEffect", "EffectHarness",
            "config_effect_batch", "config_field_problems"]

@@ -6,7 +6,7 @@ files where the filesystem allows, copies otherwise; ``save_pretrained`` for a m
 and the run's tokenizer with its chat template (``save_pretrained`` of the loaded tokenizer). A
 ``builtin:`` model needs none: its plugin rebuilds it into the cache from the name alone.
 ``Trainer.from_checkpoint`` and ``verl export`` use the copy, so both work after the model directory is
-gone, and the resume check (:mod:`verl_core.rundir`) reads the copy as the model it was made from.
+gone, and the resume check (:mod:`verl_run_store.rundir`) reads the copy as the model it was made from.
 
 ``verl_model.json`` in a copy records the config entries it stands for and the model's fingerprint
 (architecture from ``config.json``, parameter names and shapes from the safetensors headers, a tokenizer

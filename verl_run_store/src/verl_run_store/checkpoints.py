@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_core.contracts import WorkerFailedError
+from verl_core.contracts import CheckpointError, CheckpointWriteError, CorruptCheckpointError, WorkerFailedError
 
 __all__ = ["CheckpointManager", "CheckpointError", "CheckpointWriteError", "CorruptCheckpointError", "pid_alive"]
 
@@ -38,33 +38,6 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 QUARANTINE_PREFIX = "corrupt-"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: missing, incomplete, corrupt or from another setup."""
-
-
-class CheckpointWriteError(CheckpointError):
-    """Writing a checkpoint failed (disk full, I/O error); nothing of it is left, ``latest`` is unchanged.
-
-    Attributes:
-        path: the checkpoint directory that was being written.
-        cause: the underlying error, as text.
-    """
-
-    def __init__(self, message: str, *, path: Path, cause: str) -> None:
-        super().__init__(message)
-        self.path = path
-        self.cause = cause
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint file is missing or does not match its manifest (``file``: its path in the checkpoint)."""
-
-    def __init__(self, message: str, *, path: Path, file: str) -> None:
-        super().__init__(message)
-        self.path = path
-        self.file = file
 
 
 # ----------------------------------------------------------------------------- checksums

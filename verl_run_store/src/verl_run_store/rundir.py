@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_core.checkpoint import MANIFEST, CheckpointError, CheckpointManager, pid_alive
+from verl_core.contracts import CheckpointError
+from verl_run_store.checkpoints import MANIFEST, CheckpointManager, pid_alive
 from verl_core.config import Config, ConfigError, config_to_dict, dump_toml, load_raw_config, resolve_config
-from verl_core.run_model import CRITIC_COPY, MODEL_COPY, stands_for
+from verl_run_store.run_model import CRITIC_COPY, MODEL_COPY, stands_for
 
 __all__ = ["RunLock", "RunDirectoryError", "open_run_dir", "resume_conflicts", "check_output_dir",
            "LOCK_FILE", "RESUME_LOG", "CONFIG_FILE"]

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from verl_core.config import ConfigError
-from verl_core.run_model import (CRITIC_COPY, MODEL_COPY, check_same_model, copied_keys, copy_overrides,
+from verl_run_store.run_model import (CRITIC_COPY, MODEL_COPY, check_same_model, copied_keys, copy_overrides,
                                  stands_for, write_run_models)
 
 
@@ -102,7 +102,7 @@ def test_a_resume_with_another_model_fails_naming_what_differs_before_weights_lo
 def test_a_deleted_model_directory_is_replaced_by_the_runs_copy_of_it(tmp_path, models) -> None:
     import shutil
 
-    from verl_core.run_model import stand_in
+    from verl_run_store.run_model import stand_in
     from verl_core.testing import tiny_model_dir
 
     _, _, tok = models
