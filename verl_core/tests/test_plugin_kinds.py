@@ -203,3 +203,8 @@ def test_an_unknown_run_store_is_refused_with_the_config_naming_the_installed_on
     with pytest.raises(UnknownPluginError, match=r"^run.store: no run_store plugin named 'lcoal' is installed") as exc:
         resolve_config({"run": {"store": "lcoal"}}, registry)
     assert "local" in exc.value.installed and exc.value.suggestions == ["local"]
+
+
+def test_a_name_that_left_the_kit_says_where_it_went() -> None:
+    with pytest.raises(ImportError, match="to verl-run-store: from verl_run_store import CheckpointManager"):
+        from verl_core.kit import CheckpointManager  # noqa: F401

@@ -311,7 +311,8 @@ def plugins_list(
 @app.command("export")
 def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directory (its latest checkpoint)."),
            hf_dir: Path = typer.Argument(..., help="Output Hugging Face model directory."),
-           force: bool = typer.Option(False, "--force", help="Write into HF_DIR even if it is not empty.")) -> None:
+           force: bool = typer.Option(False, "--force", help="Write into HF_DIR even if it is not empty."),
+           store: str = typer.Option("local", "--store", help="The run store (run.store) that keeps the run.")) -> None:
     """Write a checkpoint's policy as a Hugging Face model (safetensors + tokenizer)."""
     def go() -> None:
         from verl_core.config import ConfigError
@@ -324,7 +325,7 @@ def export(path: Path = typer.Argument(..., help="A checkpoint, or a run directo
             raise ConfigError("", f"{hf_dir} is not empty ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
                                   f"export into a new or empty directory, or pass --force to write over what is there")
 
-        ckpt = export_checkpoint(path, hf_dir)
+        ckpt = export_checkpoint(path, hf_dir, store=store)
         typer.echo(f"exported {ckpt} -> {hf_dir}")
 
     _guard(go)

@@ -12,16 +12,17 @@ __all__ = ["export_checkpoint"]
 
 
 def export_checkpoint(path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                      registry: PluginRegistry | None = None) -> Path:
+                      registry: PluginRegistry | None = None, store: str = "local") -> Path:
     """Write the actor weights of a checkpoint (or a run directory's latest) with ``save_pretrained``.
 
     The model is built from the run's own copy (:func:`verl_core.api.saved_run`) where it has one, so the
-    original model directory may be gone. Returns the checkpoint directory that was exported.
+    original model directory may be gone; ``store`` is the run's ``run.store``. Returns the checkpoint directory
+    that was exported.
     """
     from verl_core.api import saved_run
 
     registry = registry or PluginRegistry()
-    saved = saved_run(path, registry)
+    saved = saved_run(path, registry, store=store)
     cfg = saved.config
     # One process here, whatever layout wrote the checkpoint: the backend reshards its state on load.
     backend = registry.load("backend", cfg.backend.name)(cfg.backend.config.for_single_process())

@@ -160,6 +160,8 @@ def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None, *
     raw = load_raw_config(config_file)
     copies = [f"model.{k}={json.dumps(v)}" for k, v in run.model_copies(raw.get("model", {})).items()]
     cfg = resolve_config(apply_overrides(raw, [*copies, "run.resume=\"never\""]), registry)
+    if cfg.run.store != store:
+        raise CheckpointError(f"{ckpt} was written by run store {cfg.run.store!r}; open it with that one, not {store!r}")
     model_path = resolve_model_path(cfg.model.path, registry)
     return SavedRun(ckpt, cfg, ModelSpec(path=model_path, tokenizer_path=cfg.model.tokenizer or model_path,
                                          dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code))

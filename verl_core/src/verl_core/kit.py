@@ -30,8 +30,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = sorted(_EXPORTS)
 
+#: Names that left the kit with what they belong to: where they are now.
+_MOVED = {n: ("verl-run-store", "verl_run_store") for n in ("CheckpointManager", "pid_alive", "copied_keys")}
+
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:  # an ImportError, so that `from verl_core.kit import ...` shows this message
+        raise ImportError(f"verl_core.kit.{name} moved out of the core to {_MOVED[name][0]}: "
+                          f"from {_MOVED[name][1]} import {name}")
     try:
         module, attribute = _EXPORTS[name]
     except KeyError:

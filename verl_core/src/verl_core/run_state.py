@@ -13,7 +13,7 @@ import torch
 
 from verl_core.assembly import _without_v1_algorithm_keys
 from verl_core.config import Config, apply_overrides, config_to_dict, dump_toml, plugin_for_key, resolve_config
-from verl_core.contracts import CheckpointError, CheckpointWriteError, WorkerFailedError
+from verl_core.contracts import CheckpointError, CheckpointWriteError, ConfigError, WorkerFailedError
 from verl_core.sampler import PromptSampler
 from verl_core.rollout_utils import sync_rollout_weights
 
@@ -24,7 +24,7 @@ def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, g
                  store: str = "local") -> Config:
     """The config of the run a checkpoint (or run directory) belongs to, set to resume from it: the config the
     run recorded, the run's own model copies for the ``model.*`` keys not ``given`` as objects, ``overrides``.
-    ``store``: the ``run.store`` plugin that keeps the run."""
+    ``store``: the ``run.store`` plugin that keeps the run (the one it recorded; another is refused)."""
     run, ckpt = plugin_for_key(registry, "run_store", store, "run.store").find(path, verify=False)
     recorded = run.recorded_config()
     if recorded is None:
@@ -33,7 +33,12 @@ def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, g
     copies = {k: v for k, v in run.model_copies(saved.get("model", {})).items() if k not in given}
     overrides = [*(f"model.{k}={json.dumps(v)}" for k, v in copies.items()), f"run.resume={json.dumps(str(ckpt))}",
                  f"run.output_dir={json.dumps(str(run.run_dir))}", f"run.store={json.dumps(store)}", *overrides]
-    return resolve_config(apply_overrides(saved, overrides), registry)
+    config = resolve_config(apply_overrides(saved, overrides), registry)
+    kept_by = saved.get("run", {}).get("store", store)  # a run keeps its store; pass the one it names
+    if kept_by != store or config.run.store != store:
+        raise ConfigError("run.store", f"{run.run_dir} is kept by run store {kept_by!r}, and a run cannot change its "
+                                       f"store: pass store={kept_by!r} to from_checkpoint, no run.store override")
+    return config
 
 
 def resume(t: Any, mode: str) -> None:

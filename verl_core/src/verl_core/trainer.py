@@ -90,17 +90,18 @@ class Trainer:
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, overrides: Sequence[str] = (), *,
-                        registry: PluginRegistry | None = None, **kwargs: Any) -> "Trainer":
+                        registry: PluginRegistry | None = None, store: str = "local", **kwargs: Any) -> "Trainer":
         """Continue the run a checkpoint (or run directory) belongs to, with its saved config.
 
-        The models and tokenizer come from the run's own copies (:meth:`~verl_core.contracts.RunStore.model_copies`) where it has
-        them, so the original model directory (or object) is not needed; ``model=``, ``tokenizer=`` and
-        ``critic_model=`` objects, and ``model.*`` overrides, take their place.
+        The models and tokenizer come from the run's own copies (:meth:`~verl_core.contracts.RunStore.model_copies`)
+        where it has them, so the original model directory (or object) is not needed; ``model=``, ``tokenizer=`` and
+        ``critic_model=`` objects, and ``model.*`` overrides, take their place. ``store``: the run's ``run.store``.
         """
         registry = registry or PluginRegistry()
         given = {key for key, argument in (("path", "model"), ("tokenizer", "tokenizer"),
                                            ("critic_path", "critic_model")) if kwargs.get(argument) is not None}
-        return cls(run_state.saved_config(path, overrides, registry, given=given), registry=registry, **kwargs)
+        return cls(run_state.saved_config(path, overrides, registry, given=given, store=store), registry=registry,
+                   **kwargs)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:

@@ -50,6 +50,9 @@ class RunStore(abc.ABC):
       what the directory holds (a refused one is a :class:`~verl_core.contracts.ConfigError` naming the
       settings, raised before any model loads, with nothing in the directory changed);
     * the run keeps its own copy of its models, so a resume and an export need no model directory.
+
+    Checkpoints are local paths (backends write and read files there): a store on remote storage stages them
+    in a local directory and uploads in :meth:`save`, downloads in :meth:`find` / :meth:`latest`.
     """
 
     def __init__(self, run_dir: str | os.PathLike, *, keep: int = 0) -> None:

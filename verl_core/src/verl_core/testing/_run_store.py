@@ -1,7 +1,9 @@
 """Conformance tests for :class:`~verl_core.contracts.RunStore` implementations.
 
-Subclass :class:`RunStoreConformance` and provide the fixture ``store``: a callable ``(run_dir, keep=0)``
-that returns a new store of that run directory (the store class itself, usually). The suite writes
+Subclass :class:`RunStoreConformance`, set :attr:`~RunStoreConformance.store_name` to the name the store is
+registered under (``verl.run_stores``; it must be installed: a second process builds it from the config, as a
+second ``verl run`` would) and provide the fixture ``store``: a callable ``(run_dir, keep=0)`` that returns a
+new store of that run directory (the store class itself, usually). The suite writes
 checkpoints as the core does (a directory ``write`` fills), claims directories with configs of a tiny
 local model (:func:`~verl_core.testing.tiny_model_dir`) and checks what the contract promises: whole
 checkpoints only, corrupt ones never resumed, one run per directory, a resume only of what it holds,
@@ -14,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,11 @@ def _writer(payload: bytes, *, fail: bool = False):
 class RunStoreConformance:
     """The :class:`~verl_core.contracts.RunStore` contract; fixture ``store`` (see the module docstring)."""
 
+    #: The name the store is registered under (``run.store``).
+    store_name = "local"
+    #: Files the store rewrites only to hold the directory, left out where the suite checks that nothing changed.
+    lock_files: tuple[str, ...] = ("run.lock",)
+
     @pytest.fixture
     def model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> str:
         return tiny_model_dir(tmp_path_factory.mktemp("run-store-model"))
@@ -48,13 +54,43 @@ class RunStoreConformance:
     def config(self, run_dir: Path, model: str, *overrides: str) -> Any:
         registry = PluginRegistry()
         raw = apply_overrides({}, [f"run.output_dir={json.dumps(str(run_dir))}", f"model.path={json.dumps(model)}",
-                                   *overrides])
+                                   f"run.store={json.dumps(self.store_name)}", *overrides])
         return resolve_config(raw, registry), registry
 
     def claim(self, store: RunStore, model_dir: str, *overrides: str) -> Any:
         cfg, registry = self.config(store.run_dir, model_dir, *overrides)
         store.claim(cfg, registry, model_path=model_dir, model=None, tokenizer=None, critic=None)
         return cfg
+
+    def files(self, run_dir: Path) -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name not in self.lock_files}
+
+    def second_run(self, run_dir: Path, model_dir: str, *overrides: str) -> str:
+        """Another process claims ``run_dir`` as a second ``verl run`` would (then lets it go): "claimed", or
+        the message it was refused with."""
+        probe = f"""if True:
+            import json
+            from verl_core.assembly import run_store
+            from verl_core.config import apply_overrides, resolve_config
+            from verl_core.contracts import ConfigError
+            from verl_core.registry import PluginRegistry
+            registry = PluginRegistry()
+            raw = apply_overrides({{}}, {[f"run.output_dir={json.dumps(str(run_dir))}", f"model.path={json.dumps(model_dir)}",
+                                         f"run.store={json.dumps(self.store_name)}", *overrides]!r})
+            cfg = resolve_config(raw, registry)
+            store = run_store(registry, cfg)
+            try:
+                store.claim(cfg, registry, model_path={model_dir!r}, model=None, tokenizer=None, critic=None)
+            except ConfigError as exc:
+                print("refused:", exc)
+            else:
+                store.release()
+                print("claimed")
+        """
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, f"the second run failed otherwise than by a refusal: {out.stderr[-3000:]}"
+        return out.stdout.strip().splitlines()[-1]
 
     # ------------------------------------------------------------------ checkpoints
     def test_a_saved_checkpoint_is_the_latest_and_holds_what_was_written(self, store, tmp_path):
@@ -97,56 +133,41 @@ class RunStoreConformance:
             type(s).find(tmp_path / "nothing-here")
 
     # ------------------------------------------------------------------ the directory
-    def test_a_claimed_directory_records_the_config_and_refuses_a_second_run(self, store, tmp_path, model_dir):
-        s = store(tmp_path / "run")
-        assert s.recorded_config() is None
+    def test_one_run_at_a_time_holds_the_directory_from_claim_to_release(self, store, tmp_path, model_dir):
+        run_dir = tmp_path / "run"
+        s = store(run_dir)
+        s.hold()  # before claim: nothing to hold (a rank that only serves the controller)
+        assert self.second_run(run_dir, model_dir, "run.seed=7") == "claimed"
+        s = store(run_dir)
+        assert s.recorded_config()["run"]["seed"] == 7
         self.claim(s, model_dir, "run.seed=7")
         try:
-            assert s.recorded_config()["run"]["seed"] == 7
-            probe = textwrap.dedent(f"""
-                import json, sys
-                from pathlib import Path
-                from verl_core.config import apply_overrides, resolve_config
-                from verl_core.contracts import ConfigError
-                from verl_core.registry import PluginRegistry
-                registry = PluginRegistry()
-                run = Path({str(tmp_path / 'run')!r})
-                cfg = resolve_config(apply_overrides({{}}, ["run.output_dir=" + json.dumps(str(run)),
-                                                          "model.path=" + json.dumps({model_dir!r}), "run.seed=7"]),
-                                     registry)
-                import importlib
-                store = getattr(importlib.import_module({type(s).__module__!r}), {type(s).__qualname__!r})(run)
-                try:
-                    store.claim(cfg, registry, model_path={model_dir!r}, model=None, tokenizer=None, critic=None)
-                except ConfigError as exc:
-                    print("refused:", exc)
-                    sys.exit(0)
-                sys.exit(1)
-            """)
-            # Another process: within one, the same run claiming again takes its own hold over.
-            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
-            assert out.returncode == 0, f"a second run claimed a held directory: {out.stdout}{out.stderr[-2000:]}"
+            refused = self.second_run(run_dir, model_dir, "run.seed=7")
+            assert refused.startswith("refused: run.output_dir"), f"a second run claimed a held directory: {refused}"
+            s.release()
+            assert self.second_run(run_dir, model_dir, "run.seed=7") == "claimed"  # released
+            s.hold()
+            assert self.second_run(run_dir, model_dir, "run.seed=7").startswith("refused: run.output_dir")
         finally:
             s.release()
 
     def test_a_resume_that_would_train_something_else_is_refused_and_changes_nothing(self, store, tmp_path,
                                                                                    model_dir):
-        s = store(tmp_path / "run")
+        run_dir = tmp_path / "run"
+        s = store(run_dir)
         self.claim(s, model_dir, "run.seed=7")
         s.save(1, _writer(b"one"), info={})
         s.release()
-        before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != "run.lock"}
-        other, registry = self.config(tmp_path / "run", model_dir, "run.seed=8")
-        again = store(tmp_path / "run")
+        before = self.files(run_dir)
+        other, registry = self.config(run_dir, model_dir, "run.seed=8")
+        again = store(run_dir)
         with pytest.raises(ConfigError, match="seed"):
             again.check(other, registry)
         with pytest.raises(ConfigError, match="seed"):
             again.claim(other, registry, model_path=model_dir, model=None, tokenizer=None, critic=None)
-        again.release()
-        after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != "run.lock"}
-        assert after == before
-        same, registry = self.config(tmp_path / "run", model_dir, "run.seed=7", "run.max_steps=99")
+        assert self.files(run_dir) == before
+        assert self.second_run(run_dir, model_dir, "run.seed=7") == "claimed"  # the refused claim holds nothing
+        same, registry = self.config(run_dir, model_dir, "run.seed=7", "run.max_steps=99")
         again.check(same, registry)  # a safe change resumes
         again.claim(same, registry, model_path=model_dir, model=None, tokenizer=None, critic=None)
         again.release()
