@@ -10,7 +10,6 @@ a started run stops with, beyond the user errors of ``config``/``registry``/``co
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -151,6 +150,7 @@ def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None, *
     one, so the original model directory may be gone. ``store``: the ``run.store`` plugin that wrote it.
     """
     from verl_core.assembly import resolve_model_path
+    from verl_core.run_state import copy_overrides
 
     registry = registry or PluginRegistry()
     run, ckpt = plugin_for_key(registry, "run_store", store, "run.store").find(path)
@@ -158,7 +158,7 @@ def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None, *
     if not config_file.is_file():
         raise CheckpointError(f"{ckpt} has no config.toml; it was not written by verl")
     raw = load_raw_config(config_file)
-    copies = [f"model.{k}={json.dumps(v)}" for k, v in run.model_copies(raw.get("model", {})).items()]
+    copies = copy_overrides(run, raw.get("model", {}))
     cfg = resolve_config(apply_overrides(raw, [*copies, "run.resume=\"never\""]), registry)
     if cfg.run.store != store:
         raise CheckpointError(f"{ckpt} was written by run store {cfg.run.store!r}; open it with that one, not {store!r}")

@@ -285,10 +285,10 @@ def start_reward_model(t: Any, backend: Any, path: str) -> None:
     t.reward.attach_reward_model(group, tokenizer)
 
 
-def run_store(registry: Any, config: Config, run_dir: Any = None) -> RunStore:
-    """The ``run.store`` plugin of ``config``, on ``run_dir`` (default ``run.output_dir``)."""
+def run_store(registry: Any, config: Config) -> RunStore:
+    """The ``run.store`` plugin of ``config``, on its ``run.output_dir``."""
     store = plugin_for_key(registry, "run_store", config.run.store, "run.store")
-    return store(Path(run_dir or config.run.output_dir), keep=config.run.keep_checkpoints)
+    return store(Path(config.run.output_dir), keep=config.run.keep_checkpoints)
 
 
 def data_reader(registry: Any, name: str) -> DataReader:

@@ -17,7 +17,7 @@ from verl_core.contracts import CheckpointError, CheckpointWriteError, ConfigErr
 from verl_core.sampler import PromptSampler
 from verl_core.rollout_utils import sync_rollout_weights
 
-__all__ = ["saved_config", "resume", "save", "save_due", "restart", "at_step"]
+__all__ = ["saved_config", "copy_overrides", "resume", "save", "save_due", "restart", "at_step"]
 
 
 def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, given: set[str],
@@ -30,8 +30,7 @@ def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, g
     if recorded is None:
         raise CheckpointError(f"{run.run_dir} has no config.toml next to its checkpoints")
     saved = _without_v1_algorithm_keys(recorded, registry)
-    copies = {k: v for k, v in run.model_copies(saved.get("model", {})).items() if k not in given}
-    overrides = [*(f"model.{k}={json.dumps(v)}" for k, v in copies.items()), f"run.resume={json.dumps(str(ckpt))}",
+    overrides = [*copy_overrides(run, saved.get("model", {}), given=given), f"run.resume={json.dumps(str(ckpt))}",
                  f"run.output_dir={json.dumps(str(run.run_dir))}", f"run.store={json.dumps(store)}", *overrides]
     config = resolve_config(apply_overrides(saved, overrides), registry)
     kept_by = saved.get("run", {}).get("store", store)  # a run keeps its store; pass the one it names
@@ -39,6 +38,12 @@ def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, g
         raise ConfigError("run.store", f"{run.run_dir} is kept by run store {kept_by!r}, and a run cannot change its "
                                        f"store: pass store={kept_by!r} to from_checkpoint, no run.store override")
     return config
+
+
+def copy_overrides(run: Any, saved_model: Any, *, given: set[str] = frozenset()) -> list[str]:
+    """``model.<key>=<copy>`` for each entry of a saved ``[model]`` section that store ``run``'s own copy stands
+    for (:meth:`~verl_core.contracts.RunStore.model_copies`), but the keys in ``given``."""
+    return [f"model.{k}={json.dumps(v)}" for k, v in run.model_copies(saved_model).items() if k not in given]
 
 
 def resume(t: Any, mode: str) -> None:

@@ -51,11 +51,14 @@ class RunStoreConformance:
     def model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> str:
         return tiny_model_dir(tmp_path_factory.mktemp("run-store-model"))
 
+    def overrides(self, run_dir: Path, model: str, *overrides: str) -> list[str]:
+        """A run of ``model`` into ``run_dir`` kept by this store, with ``overrides``."""
+        return [f"run.output_dir={json.dumps(str(run_dir))}", f"model.path={json.dumps(model)}",
+                f"run.store={json.dumps(self.store_name)}", *overrides]
+
     def config(self, run_dir: Path, model: str, *overrides: str) -> Any:
         registry = PluginRegistry()
-        raw = apply_overrides({}, [f"run.output_dir={json.dumps(str(run_dir))}", f"model.path={json.dumps(model)}",
-                                   f"run.store={json.dumps(self.store_name)}", *overrides])
-        return resolve_config(raw, registry), registry
+        return resolve_config(apply_overrides({}, self.overrides(run_dir, model, *overrides)), registry), registry
 
     def claim(self, store: RunStore, model_dir: str, *overrides: str) -> Any:
         cfg, registry = self.config(store.run_dir, model_dir, *overrides)
@@ -75,9 +78,7 @@ class RunStoreConformance:
             from verl_core.contracts import ConfigError
             from verl_core.registry import PluginRegistry
             registry = PluginRegistry()
-            raw = apply_overrides({{}}, {[f"run.output_dir={json.dumps(str(run_dir))}", f"model.path={json.dumps(model_dir)}",
-                                         f"run.store={json.dumps(self.store_name)}", *overrides]!r})
-            cfg = resolve_config(raw, registry)
+            cfg = resolve_config(apply_overrides({{}}, {self.overrides(run_dir, model_dir, *overrides)!r}), registry)
             store = run_store(registry, cfg)
             try:
                 store.claim(cfg, registry, model_path={model_dir!r}, model=None, tokenizer=None, critic=None)
