@@ -11,7 +11,7 @@ so an algorithm of this family is its config, its ``compute_advantages`` and, wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Mapping, get_args
+from typing import Any, ClassVar, Literal, Mapping, get_args
 
 import torch
 
@@ -150,7 +150,8 @@ class PolicyGradient(Algorithm):
             df.critic_values()
             reads = (*reads, "values")
         if needs.reference and cfg.kl_in_reward:
-            df.kl_in_reward(kl_coef=cfg.kl_coef, estimator=cfg.kl_estimator)
+            df.node("kl_reward", lambda ctx: _kl_in_reward(ctx, cfg.kl_coef, cfg.kl_estimator),
+                    reads=("token_rewards", "old_log_probs", "ref_log_probs"), writes=("token_rewards",))
         df.compute_advantages(self, reads=reads)
         if needs.critic:
             df.update_critic(self)
@@ -174,3 +175,12 @@ class PolicyGradient(Algorithm):
                     ) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO-clip policy loss with optional KL and entropy terms."""
         return F.ppo_policy_loss(self.config, batch=batch, log_probs=log_probs, entropy=entropy)
+
+
+def _kl_in_reward(ctx: Any, kl_coef: float, estimator: str) -> dict[str, torch.Tensor]:
+    """The ``kl_reward`` node: subtract ``kl_coef * KL(policy || reference)`` from the token rewards (PPO's
+    KL-in-reward); ``ctx`` is the step's context (its batch and metrics)."""
+    b = ctx.batch
+    kl = F.kl_penalty(b.old_log_probs, b.ref_log_probs, estimator) * b.response_mask
+    ctx.metrics["ppo/kl_in_reward"] = float(F.masked_mean(kl, b.response_mask))
+    return {"token_rewards": b.token_rewards - kl_coef * kl}

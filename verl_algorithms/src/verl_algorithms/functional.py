@@ -4,9 +4,8 @@ Advantage estimators, KL estimators, loss aggregation modes and the PPO-clip los
 that an algorithm plugin combines them instead of copying them. Every function takes masks
 explicitly: tokens with mask 0 (padding, tool outputs) never contribute.
 
-:func:`masked_mean`, :func:`scores_to_token_rewards` and :func:`kl_penalty` (with the estimator names)
-are the core's own (:mod:`verl_core.batch`: its rollout stage and ``kl_in_reward`` node use them) and
-are re-exported here, so that an algorithm finds all of its pieces in one module.
+:func:`masked_mean` and :func:`scores_to_token_rewards` are the core's own (:mod:`verl_core.batch`: its
+rollout stage uses them) and are re-exported here, so that an algorithm finds all of its pieces in one module.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from verl_core.batch import KL_ESTIMATORS, Batch, KLEstimator, kl_penalty, masked_mean, scores_to_token_rewards
+from verl_core.batch import Batch, masked_mean, scores_to_token_rewards
 
 __all__ = [
     "with_regularizers",
@@ -43,9 +42,51 @@ __all__ = [
 ]
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+#: verl's names of the per-token KL estimators (:func:`kl_penalty` has the table).
+KLEstimator = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "k3+"]
+KL_ESTIMATORS = frozenset(get_args(KLEstimator))
 #: verl's second names of the KL estimators.
 KL_ALIASES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl"}
 LOSS_AGG_MODES = frozenset(get_args(LossAggMode))
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate from sampled-token log-probs, by verl's names.
+
+    With ``r = log p - log q`` (policy minus reference; Schulman, "Approximating KL divergence", 2020):
+
+    ============================  ==========================================  ===========================
+    name                          value                                       note
+    ============================  ==========================================  ===========================
+    ``k1`` / ``kl``               ``r``                                       unbiased, can be negative
+    ``abs``                       ``|r|``                                     biased upward
+    ``k2`` / ``mse``              ``r^2 / 2``                                 its gradient is the KL's
+    ``k3`` / ``low_var_kl``       ``exp(-r) + r - 1``, ``r`` clamped to       unbiased, never negative;
+                                  [-20, 20] first, the result to [-10, 10]    finite at a -inf log-prob
+    ``k1+`` / ``k3+``             the value of ``k1`` / ``k3``, the gradient  straight-through: an
+                                  of ``k2``                                   unbiased KL gradient
+    ============================  ==========================================  ===========================
+
+    ``k3`` means what it means in verl (the clamped ``low_var_kl``), so a config moved from verl
+    trains the same loss.
+    """
+    diff = log_probs - ref_log_probs
+    name = estimator[:-1] if estimator.endswith("+") and estimator in KL_ESTIMATORS else estimator
+    if name in ("k1", "kl"):
+        value = diff
+    elif name == "abs":
+        value = diff.abs()
+    elif name in ("k2", "mse"):
+        value = 0.5 * diff.square()
+    elif name in ("k3", "low_var_kl"):
+        neg = (-diff).clamp(-20.0, 20.0)
+        value = (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
+    else:
+        raise ValueError(f"kl_estimator: unknown {estimator!r}; use one of {sorted(KL_ESTIMATORS)}")
+    if name == estimator:
+        return value
+    grad = 0.5 * diff.clamp(-20.0, 20.0).square()  # clamped like k3: finite at a -inf log-prob
+    return grad - grad.detach() + value.detach()
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

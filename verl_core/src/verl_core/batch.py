@@ -5,21 +5,20 @@ each dataflow node adds (rewards, log-probs, values, advantages, ...). Tensors a
 first dimension, so a batch can be split into micro-batches, shards for data-parallel ranks, or filtered,
 without knowing which fields are present.
 
-The three tensor helpers the core's own nodes need are here too: :func:`masked_mean`,
-:func:`scores_to_token_rewards` (the rollout stage's token rewards) and :func:`kl_penalty` (the
-``kl_in_reward`` node). The algorithms' loss math (``verl_algorithms.functional``) re-exports them.
+The two tensor helpers the core's own nodes need are here too: :func:`masked_mean` and
+:func:`scores_to_token_rewards` (the rollout stage's token rewards). The algorithms' loss math
+(``verl_algorithms.functional``) re-exports them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, NamedTuple, Sequence, get_args
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 
-__all__ = ["Batch", "TENSOR_FIELDS", "KLEstimator", "KL_ESTIMATORS", "masked_mean", "scores_to_token_rewards",
-           "kl_penalty"]
+__all__ = ["Batch", "TENSOR_FIELDS", "masked_mean", "scores_to_token_rewards"]
 
 # Fields that hold per-sample tensors (first dimension = sample). Everything else is metadata.
 TENSOR_FIELDS = (
@@ -245,11 +244,6 @@ class Batch:
 
 # --------------------------------------------------------------------------- tensor helpers
 
-#: verl's names of the per-token KL estimators (:func:`kl_penalty` has the table).
-KLEstimator = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "k3+"]
-KL_ESTIMATORS = frozenset(get_args(KLEstimator))
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean over entries where ``mask`` is 1 (0 when the mask is empty, never NaN)."""
     mask = mask.to(x.dtype)
@@ -269,45 +263,6 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
         last = torch.where(response_mask > 0, positions, torch.full_like(positions, -1)).max(-1).values
         token_rewards[rows, last[rows]] = scores[rows].float()
     return token_rewards
-
-
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate from sampled-token log-probs, by verl's names.
-
-    With ``r = log p - log q`` (policy minus reference; Schulman, "Approximating KL divergence", 2020):
-
-    ============================  ==========================================  ===========================
-    name                          value                                       note
-    ============================  ==========================================  ===========================
-    ``k1`` / ``kl``               ``r``                                       unbiased, can be negative
-    ``abs``                       ``|r|``                                     biased upward
-    ``k2`` / ``mse``              ``r^2 / 2``                                 its gradient is the KL's
-    ``k3`` / ``low_var_kl``       ``exp(-r) + r - 1``, ``r`` clamped to       unbiased, never negative;
-                                  [-20, 20] first, the result to [-10, 10]    finite at a -inf log-prob
-    ``k1+`` / ``k3+``             the value of ``k1`` / ``k3``, the gradient  straight-through: an
-                                  of ``k2``                                   unbiased KL gradient
-    ============================  ==========================================  ===========================
-
-    ``k3`` means what it means in verl (the clamped ``low_var_kl``), so a config moved from verl
-    trains the same loss.
-    """
-    diff = log_probs - ref_log_probs
-    name = estimator[:-1] if estimator.endswith("+") and estimator in KL_ESTIMATORS else estimator
-    if name in ("k1", "kl"):
-        value = diff
-    elif name == "abs":
-        value = diff.abs()
-    elif name in ("k2", "mse"):
-        value = 0.5 * diff.square()
-    elif name in ("k3", "low_var_kl"):
-        neg = (-diff).clamp(-20.0, 20.0)
-        value = (torch.exp(neg) - neg - 1).clamp(-10.0, 10.0)
-    else:
-        raise ValueError(f"kl_estimator: unknown {estimator!r}; use one of {sorted(KL_ESTIMATORS)}")
-    if name == estimator:
-        return value
-    grad = 0.5 * diff.clamp(-20.0, 20.0).square()  # clamped like k3: finite at a -inf log-prob
-    return grad - grad.detach() + value.detach()
 
 
 def _pad_to(t: torch.Tensor, width: int, fill: float, *, left: bool) -> torch.Tensor:

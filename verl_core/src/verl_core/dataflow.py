@@ -266,11 +266,6 @@ class DataflowBuilder:
         """Critic value of each response token."""
         return self.node("values", _values, reads=("response_ids",), writes=("values",), role="critic")
 
-    def kl_in_reward(self, *, kl_coef: float, estimator: str) -> str:
-        """Subtract ``kl_coef * KL(policy || reference)`` from the token rewards (PPO's KL-in-reward)."""
-        return self.node("kl_reward", lambda ctx: _kl_reward(ctx, kl_coef, estimator),
-                         reads=("token_rewards", "old_log_probs", "ref_log_probs"), writes=("token_rewards",))
-
     def compute_advantages(self, algorithm: Algorithm, *, reads: Sequence[str] = ("token_rewards",)) -> str:
         """Advantages and returns from the algorithm's estimator (``reads``: the fields it uses)."""
         def fn(ctx: StepContext) -> dict[str, torch.Tensor]:
@@ -348,12 +343,3 @@ def _ref_log_probs(ctx: StepContext) -> dict[str, torch.Tensor]:
 
 def _values(ctx: StepContext) -> dict[str, torch.Tensor]:
     return {"values": ctx.critic.compute_values(ctx.batch)}
-
-
-def _kl_reward(ctx: StepContext, kl_coef: float, estimator: str) -> dict[str, torch.Tensor]:
-    from verl_core.batch import kl_penalty, masked_mean
-
-    b = ctx.batch
-    kl = kl_penalty(b.old_log_probs, b.ref_log_probs, estimator) * b.response_mask
-    ctx.metrics["ppo/kl_in_reward"] = float(masked_mean(kl, b.response_mask))
-    return {"token_rewards": b.token_rewards - kl_coef * kl}
