@@ -38,6 +38,8 @@ def written_runs(tmp_path) -> Path:
 
 
 def _chart(page, key: str) -> dict:
+    # Charts draw one after another: wait until this one has (a loaded machine draws later than the first).
+    page.wait_for_selector(f'.chart[data-key="{key}"][data-y-range]', state="attached", timeout=20_000)
     box = page.locator(f'.chart[data-key="{key}"]')
     lo, hi = (float(v) for v in box.get_attribute("data-y-range").split("|"))
     return {"x": box.get_attribute("data-x-ticks").split("|"), "y": box.get_attribute("data-y-ticks").split("|"),
