@@ -469,16 +469,23 @@ def test_write_addition_preferences(tmp_path):
 
 def test_a_dpo_run_saved_before_core_v2_still_resolves_for_resume(tmp_path):
     """Old runs wrote every PPO knob into config.toml, whatever the algorithm; DPO takes none now."""
-    from verl_core.config import ConfigError, apply_overrides, resolve_config
+    from verl_core.config import ConfigError, resolve_config
     from verl_core.registry import PluginRegistry
-    from verl_core.assembly import _without_v1_algorithm_keys
+    from verl_core.run_state import saved_config
 
     registry = PluginRegistry()
-    saved = {"algorithm": {"name": "dpo", "beta": 0.2, "clip_ratio_low": 0.2, "kl_coef": 0.0,
-                           "loss_agg_mode": "token-mean", "use_rollout_log_probs": False}}
-    cfg = resolve_config(_without_v1_algorithm_keys(saved, registry), registry)
+    section = {"name": "dpo", "beta": 0.2, "clip_ratio_low": 0.2, "kl_coef": 0.0, "loss_agg_mode": "token-mean",
+               "use_rollout_log_probs": False}
+    cfg = resolve_config({"algorithm": registry.load("algorithm", "dpo").saved_settings(section)}, registry)
     assert cfg.algorithm.config.beta == 0.2
+    # Through a resume: the core hands the saved section to the algorithm before the config check.
+    from verl_run_store import LocalRunStore
+
+    (tmp_path / "config.toml").write_text('[algorithm]\nname = "dpo"\nbeta = 0.2\nkl_coef = 0.0\n'
+                                          'clip_ratio_low = 0.2\n')
+    LocalRunStore(tmp_path).save(1, lambda d: (d / "state.txt").write_text("1"), info={})
+    assert saved_config(tmp_path, [], registry, given=set()).algorithm.config.beta == 0.2
     # A knob that was set to something else meant something to the user: refused by name.
-    saved["algorithm"]["kl_coef"] = 0.1
     with pytest.raises(ConfigError, match="algorithm.kl_coef: unknown key"):
-        resolve_config(apply_overrides(_without_v1_algorithm_keys(saved, registry), []), registry)
+        resolve_config({"algorithm": registry.load("algorithm", "dpo").saved_settings({**section, "kl_coef": 0.1})},
+                       registry)

@@ -28,6 +28,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements
+from verl_algorithms.base import without_v1_keys
 
 from verl_algo_contrib import functional as CF
 from verl_algo_contrib.data import check_pairs_intact, encode_response, raw_column, two_row_groups
@@ -79,6 +80,10 @@ class PreferenceAlgorithm(Algorithm):
 
     Config = PreferenceConfig
     uses_reference = True
+
+    @classmethod
+    def saved_settings(cls, section: dict[str, Any]) -> dict[str, Any]:
+        return without_v1_keys(cls.Config, section)  # runs saved before Core v2 wrote every PPO knob
 
     def requirements(self) -> Requirements:
         # "preference_pairs": a builtin: dataset (builtin:addition) derives chosen/rejected columns itself.

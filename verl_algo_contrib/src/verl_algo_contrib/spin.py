@@ -24,6 +24,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements
+from verl_algorithms.base import without_v1_keys
 
 from verl_algo_contrib import functional as CF
 from verl_algo_contrib.data import check_pairs_intact, encode_response, raw_column, two_row_groups
@@ -62,6 +63,10 @@ class SPIN(Algorithm):
     """Self-play: SFT target vs. the policy's own sample, opponent = policy at the step start."""
 
     Config = SPINConfig
+
+    @classmethod
+    def saved_settings(cls, section: dict[str, Any]) -> dict[str, Any]:
+        return without_v1_keys(cls.Config, section)  # runs saved before Core v2 wrote every PPO knob
 
     def requirements(self) -> Requirements:
         return Requirements(critic=False, reference=False)

@@ -10,6 +10,8 @@ so an algorithm of this family is its config, its ``compute_advantages`` and, wh
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, get_args
 
@@ -22,9 +24,26 @@ from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements, Rollou
 from verl_algorithms import functional as F
 from verl_algorithms.functional import KLEstimator, LossAggMode
 
-__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode", "OldLogProbs"]
+__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode", "OldLogProbs", "without_v1_keys"]
 
 OldLogProbs = Literal["auto", "recompute", "rollout"]
+
+#: Every algorithm's config before Core v2 (now PPOFamilyConfig's knobs) held these, with these defaults.
+V1_DEFAULTS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 0.0, "kl_coef": 0.0,
+               "kl_estimator": "low_var_kl", "kl_in_reward": False, "entropy_coef": 0.0,
+               "loss_agg_mode": "token-mean", "use_rollout_log_probs": False, "rollout_is_cap": 0.0}
+
+
+def without_v1_keys(config_cls: type, section: dict[str, Any]) -> dict[str, Any]:
+    """A pre-Core-v2 ``[algorithm]`` section: the PPO keys at their old defaults that ``config_cls`` no longer
+    takes are dropped (:meth:`~verl_core.contracts.Algorithm.saved_settings`); one set to anything else is left
+    for the config check to refuse by name."""
+    accepted = {f.name for f in dataclasses.fields(config_cls)}
+    stale = [k for k, v in V1_DEFAULTS.items() if k in section and k not in accepted and section[k] == v]
+    if stale:
+        logging.getLogger(__name__).warning("the saved config predates Core v2; dropping algorithm keys its "
+                                            "algorithm no longer has (at their old defaults): %s", ", ".join(stale))
+    return {k: v for k, v in section.items() if k not in stale}
 
 
 
@@ -120,6 +139,10 @@ class PolicyGradient(Algorithm):
     """
 
     Config = PPOFamilyConfig
+
+    @classmethod
+    def saved_settings(cls, section: dict[str, Any]) -> dict[str, Any]:
+        return without_v1_keys(cls.Config, section)
 
     def requirements(self) -> Requirements:
         # Off-policy capable: the PPO ratio against the old log-probs, and rollout_is_cap's truncated

@@ -70,28 +70,6 @@ def check_model_source(path: str, key: str, *, need_config: bool = True, argumen
                                f"network exists")
 
 
-#: Every algorithm's config before Core v2 (now PPOFamilyConfig), with the old defaults.
-_V1_ALGORITHM_DEFAULTS = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 0.0, "kl_coef": 0.0,
-                          "kl_estimator": "low_var_kl", "kl_in_reward": False, "entropy_coef": 0.0,
-                          "loss_agg_mode": "token-mean", "use_rollout_log_probs": False, "rollout_is_cap": 0.0}
-
-
-def _without_v1_algorithm_keys(raw: dict[str, Any], registry: PluginRegistry) -> dict[str, Any]:
-    """A pre-Core-v2 config.toml: drop PPO keys at their old defaults that the algorithm (DPO, SPIN, ...)
-    no longer takes; one set to anything else is left for the config check to refuse by name."""
-    section = raw.get("algorithm")
-    if not isinstance(section, dict):
-        return raw
-    config_cls = getattr(registry.load("algorithm", section.get("name", "grpo")), "Config", None)
-    accepted = {f.name for f in dataclasses.fields(config_cls)} if config_cls else set()
-    stale = [k for k, v in _V1_ALGORITHM_DEFAULTS.items() if k in section and k not in accepted and section[k] == v]
-    if stale:
-        logging.getLogger(__name__).warning("the saved config predates Core v2; dropping algorithm keys its algorithm "
-                                            "no longer has (at their old defaults): %s", ", ".join(stale))
-        raw = {**raw, "algorithm": {k: v for k, v in section.items() if k not in stale}}
-    return raw
-
-
 def _create_reward_model_worker(backend: Any, model: ModelSpec, seed: int, world: Any) -> Any:
     # Module level, not a closure: executors may pickle the factory into worker processes.
     return backend.create_worker(role=Role.REWARD_MODEL, model=model, world=world, seed=seed)

@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import torch
 
-from verl_core.assembly import _without_v1_algorithm_keys
-from verl_core.config import Config, apply_overrides, config_to_dict, dump_toml, plugin_for_key, resolve_config
+from verl_core.config import (CORE_SECTIONS, Config, apply_overrides, config_to_dict, dump_toml, plugin_for_key,
+                              resolve_config)
 from verl_core.contracts import CheckpointError, CheckpointWriteError, ConfigError, WorkerFailedError
 from verl_core.sampler import PromptSampler
 from verl_core.rollout_utils import sync_rollout_weights
@@ -29,7 +29,11 @@ def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, g
     recorded = run.recorded_config()
     if recorded is None:
         raise CheckpointError(f"{run.run_dir} has no config.toml next to its checkpoints")
-    saved = _without_v1_algorithm_keys(recorded, registry)
+    saved, section = recorded, recorded.get("algorithm")
+    if isinstance(section, dict):  # as this release of the algorithm takes it
+        name = section.get("name", CORE_SECTIONS["algorithm"].default)
+        algorithm = plugin_for_key(registry, "algorithm", name, "algorithm.name")
+        saved = {**saved, "algorithm": algorithm.saved_settings(section)}
     overrides = [*copy_overrides(run, saved.get("model", {}), given=given), f"run.resume={json.dumps(str(ckpt))}",
                  f"run.output_dir={json.dumps(str(run.run_dir))}", f"run.store={json.dumps(store)}", *overrides]
     config = resolve_config(apply_overrides(saved, overrides), registry)

@@ -144,6 +144,12 @@ class Algorithm(abc.ABC):
         """
         return float(len(batch))
 
+    @classmethod
+    def saved_settings(cls, section: dict[str, Any]) -> dict[str, Any]:
+        """The ``[algorithm]`` section of a run an earlier release saved, as this release takes it (a resume
+        reads it): a plugin that dropped or renamed settings maps them here. Unchanged by default."""
+        return section
+
     def step_metrics(self, batch: Batch, metrics: Mapping[str, float]) -> dict[str, float]:
         """Figures of the algorithm's own, logged with the step's ``metrics`` (a KL, say); none by default.
 
