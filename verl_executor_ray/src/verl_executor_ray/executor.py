@@ -293,9 +293,10 @@ class RayExecutor(Executor):
         atexit.register(self.shutdown)
 
     @classmethod
-    def trainer_mode_problem(cls, config: RayExecutorConfig, mode: str) -> str | None:  # type: ignore[override]
-        """``separate_async`` needs the rollout on a pool of its own; ``colocate_async`` cannot be placed here:
-        the controller's producer would share the actor's worker processes, whose calls run one at a time."""
+    def trainer_mode_problem(cls, config: RayExecutorConfig, mode: str) -> str | None:
+        """Why verl-trainer-async's ``trainer.mode`` cannot run here (None: it can); that source asks before any
+        model loads. ``separate_async`` needs the rollout on a pool of its own; ``colocate_async`` cannot be
+        placed: the controller's producer would share the actor's worker processes, whose calls run one at a time."""
         if mode == "colocate_async":
             return ("'colocate_async' runs the producer in the controller's process, which the ray executor's "
                     "workers do not share; use trainer.mode='separate_async' with the rollout on a pool of its own "

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -114,6 +115,21 @@ def _producer_threads(config: AsyncConfig, threads: int) -> int:
     return config.producer_threads or max(1, threads // 2)
 
 
+def _trainer_mode_problem(executor: Any, config: Any, mode: str) -> str | None:
+    """Why ``executor`` cannot place the producer of ``mode``, for an executor that does not say itself.
+
+    An executor answers with a classmethod ``trainer_mode_problem(config, mode)`` (the Ray executor's). The
+    overlapping modes run a producer thread in the controller: ``colocate_async`` gives it an engine in the
+    controller's process, which an in-process executor can; ``separate_async`` needs a rollout pool on
+    processes of its own, which such an executor cannot place.
+    """
+    if mode == "separate_async":
+        return (f"'separate_async' needs a rollout pool on processes of its own, which the {executor.__name__} "
+                f"cannot place; use trainer.mode='colocate_async', or executor.name='ray' with "
+                f"executor.pools={{gen=1}} and executor.placement={{rollout='gen'}}")
+    return None
+
+
 class AsyncSource(StepSource):
     """Batches from a producer that generates ahead of the trainer (see the module)."""
 
@@ -124,7 +140,8 @@ class AsyncSource(StepSource):
     def check(cls, config: AsyncConfig, *, mode: str, algorithm: str, generates: bool, off_policy: bool,
               executor: Any, executor_config: Any) -> None:
         check_stale_samples(mode=mode, algorithm=algorithm, generates=generates, off_policy=off_policy)
-        problem = executor.trainer_mode_problem(executor_config, mode)
+        problem = getattr(executor, "trainer_mode_problem", None)
+        problem = (problem or partial(_trainer_mode_problem, executor))(executor_config, mode)
         if problem:
             raise ConfigError("trainer.mode", problem)
 

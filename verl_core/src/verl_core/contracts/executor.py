@@ -110,22 +110,6 @@ class Executor(abc.ABC):
         the controller's calls; the default, one controller that starts its workers, True."""
         return True
 
-    @classmethod
-    def trainer_mode_problem(cls, config: ExecutorConfig, mode: str) -> str | None:
-        """Why this executor cannot place the rollout producer of ``trainer.mode`` (None: it can).
-
-        Asked before any model loads; the trainer reports the answer as an error on ``trainer.mode``. The
-        overlapping modes run a producer thread in the controller. ``"colocate_async"`` gives it an engine
-        in the controller's process (its own copy of the weights where the run's engine shares the
-        actor's), which an in-process executor can; ``"separate_async"`` needs a rollout pool on processes
-        of its own, which the default cannot place.
-        """
-        if mode == "separate_async":
-            return (f"'separate_async' needs a rollout pool on processes of its own, which the {cls.__name__} "
-                    f"cannot place; use trainer.mode='colocate_async', or executor.name='ray' with "
-                    f"executor.pools={{gen=1}} and executor.placement={{rollout='gen'}}")
-        return None
-
     def run_parallel(self, tasks: Sequence[Callable[[], Any]]) -> list[Any]:
         """Run independent tasks; the default runs them one after the other."""
         return [task() for task in tasks]
