@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fsdp_test_utils import nan_where_poisoned, poison_second_half
+from verl_kit.training import trim_padding
 from verl_core.contracts import ModelSpec, Role, WorldInfo
 from verl_core.testing import make_batch, tiny_model_dir
 
@@ -47,7 +48,7 @@ def test_trim_padding_drops_only_padding():
         old_log_probs=torch.nn.functional.pad(batch.old_log_probs, (0, 2)),
         rollout_log_probs=None,
     )
-    trimmed = wide.trim_padding()
+    trimmed = trim_padding(wide)
     assert torch.equal(trimmed.prompt_ids, batch.prompt_ids)
     assert torch.equal(trimmed.response_ids, batch.response_ids)
     assert torch.equal(trimmed.old_log_probs, batch.old_log_probs)

@@ -10,6 +10,7 @@ from verl_core.contracts import PromptIds, RolloutEngine, RolloutOutput
 from verl_core.rollout_utils import build_batch, check_rollout_multi_modal
 from verl_core.testing import make_batch
 from verl_kit.sharding import balance_batch, gather_split  # the executors' sharding (verl-kit)
+from verl_kit.training import trim_padding  # the backends' (verl-kit)
 
 
 def _vision(tag: int, patches: int) -> dict[str, torch.Tensor]:
@@ -34,7 +35,7 @@ def test_select_split_chunk_and_concat_keep_images_with_their_samples():
     assert all(_aligned(part) for part in b.split(3)) and all(_aligned(part) for part in b.chunk(4))
     joined = Batch.concat([b.select([4, 1]), b.select([0, 8, 3])])
     assert _aligned(joined) and joined.group_ids.tolist() == [4, 1, 0, 8, 3]
-    assert _aligned(b.trim_padding())
+    assert _aligned(trim_padding(b))
 
 
 def test_concat_with_a_text_only_batch_fills_empty_inputs_and_selecting_them_back_works():

@@ -41,15 +41,6 @@ def test_extras_follow_select_split_and_concat():
     assert joined.extras["weights"][4:, 3:].abs().sum() == 0 and joined.extras["weights"][4:, :3].sum() == 6
 
 
-def test_trim_padding_trims_response_aligned_extras():
-    batch = make_batch(batch_size=2, group_size=2, response_length=6, tool_tokens=False)
-    last_two_empty = batch.response_attention_mask * torch.tensor([1, 1, 1, 1, 0, 0])
-    batch = batch.replace(response_attention_mask=last_two_empty,
-                          extras={"w": torch.ones(2, 6), "label": torch.ones(2)})
-    trimmed = batch.trim_padding()
-    assert trimmed.extras["w"].shape == (2, 4) and trimmed.extras["label"].shape == (2,)
-
-
 def test_concat_refuses_extras_on_only_some_batches():
     a = make_batch(batch_size=2, group_size=2).replace(extras={"label": torch.ones(2)})
     b = make_batch(batch_size=2, group_size=2, seed=1)

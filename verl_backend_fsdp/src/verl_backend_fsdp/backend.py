@@ -45,11 +45,10 @@ from verl_core.contracts import (
     TrainingBackend,
     TrainingWorker,
     WorldInfo,
-    check_sequence_length,
-    micro_batch_weights,
-    rank_mini_batch,
 )
 from verl_kit.multimodal import auto_model_class, is_vision_model, vision_forward_inputs, vision_token_ids
+from verl_kit.training import (check_sequence_length, micro_batch_weights, rank_mini_batch,
+                               token_groups, trim_padding)
 from verl_kit.sharding import autocast, check_autocast, ensure_process_group
 
 __all__ = ["FSDPBackend", "FSDPConfig", "FSDPWorker", "TrainingDivergedError"]
@@ -400,7 +399,7 @@ class FSDPWorker(TrainingWorker):
         budget = self.config.micro_batch_max_tokens
         if not budget:
             return list(batch.split(size))
-        groups = batch.token_groups(budget)
+        groups = token_groups(batch, budget)
         lengths = (batch.prompt_mask.sum(-1) + batch.response_attention_mask.sum(-1)).tolist()
         if self.world.world_size > 1:
             # Every micro-batch is a round of FSDP collectives: ranks whose samples pack into fewer
@@ -429,7 +428,7 @@ class FSDPWorker(TrainingWorker):
 
     def _forward(self, batch: Batch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens, ``[B, R']`` for the padding-trimmed
-        batch (callers pass a batch already trimmed with :meth:`Batch.trim_padding`); zero where
+        batch (callers pass a batch already trimmed with :func:`~verl_kit.training.trim_padding`); zero where
         ``response_attention_mask`` is zero."""
         attn = batch.attention_mask
         R = batch.response_length
@@ -502,7 +501,7 @@ class FSDPWorker(TrainingWorker):
         width = batch.response_length
         for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
             with self._oom_advice(micro, "log-prob pass"):
-                lp, ent = self._forward(micro.trim_padding(), with_entropy=with_entropy)
+                lp, ent = self._forward(trim_padding(micro), with_entropy=with_entropy)
             lps.append(_pad_right(lp.cpu(), width))
             if ent is not None:
                 ents.append(_pad_right(ent.cpu(), width))
@@ -517,7 +516,7 @@ class FSDPWorker(TrainingWorker):
         values = []
         for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
             with self._oom_advice(micro, "value pass"):
-                values.append(_pad_right(self._values_forward(micro.trim_padding()).cpu(), width))
+                values.append(_pad_right(self._values_forward(trim_padding(micro)).cpu(), width))
         return torch.cat(values)
 
     @torch.no_grad()
@@ -529,7 +528,7 @@ class FSDPWorker(TrainingWorker):
         scores = []
         for micro in self._micro_batches(batch, self.config.log_prob_micro_batch_size):
             with self._oom_advice(micro, "reward-model pass"):
-                scores.append(self._scores_forward(micro.trim_padding()).cpu())
+                scores.append(self._scores_forward(trim_padding(micro)).cpu())
         return torch.cat(scores)
 
     def _scores_forward(self, batch: Batch) -> torch.Tensor:
@@ -560,7 +559,7 @@ class FSDPWorker(TrainingWorker):
 
         def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             # The loss reads the batch's advantages, old log-probs, masks: on the compute device.
-            micro = micro.trim_padding().to(self.device)
+            micro = trim_padding(micro).to(self.device)
             lp, ent = self._forward(micro, with_entropy=True)
             return loss_fn(batch=micro, log_probs=lp, entropy=ent)
 
@@ -570,7 +569,7 @@ class FSDPWorker(TrainingWorker):
         if self.role is not Role.CRITIC:
             return super().update_values(batch, loss_fn=loss_fn, mini_batch_size=mini_batch_size, epochs=epochs)
         def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            micro = micro.trim_padding().to(self.device)
+            micro = trim_padding(micro).to(self.device)
             return loss_fn(batch=micro, values=self._values_forward(micro))
 
         return self._optimize(batch, micro_loss, loss_fn, mini_batch_size, epochs, prefix="critic")

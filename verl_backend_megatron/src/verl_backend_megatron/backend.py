@@ -42,10 +42,8 @@ from verl_core.contracts import (
     TrainingBackend,
     TrainingWorker,
     WorldInfo,
-    check_sequence_length,
-    micro_batch_weights,
-    rank_mini_batch,
 )
+from verl_kit.training import check_sequence_length, micro_batch_weights, rank_mini_batch, token_groups
 from verl_kit.sharding import ensure_process_group
 from verl_backend_megatron import _convert
 from verl_backend_megatron._convert import Architecture, UnsupportedModelError
@@ -565,7 +563,7 @@ class MegatronWorker(TrainingWorker):
             width, rows = self._padded(_width(batch)), max(len(p) for p in parts)
             micros = [_layout(p, width, rows) for p in parts]
         else:
-            parts = ([batch.select(g) for g in batch.token_groups(budget)] if budget
+            parts = ([batch.select(g) for g in token_groups(batch, budget)] if budget
                      else list(batch.split(max(1, size))))
             micros = [_layout(p, self._padded(_width(p)), len(p)) for p in parts]
         return micros

@@ -163,41 +163,11 @@ class Batch:
         for start in range(0, len(self), size):
             yield self.select(range(start, min(start + size, len(self))))
 
-    def token_groups(self, budget: int) -> list[list[int]]:
-        """Consecutive sample indices packed into groups of at most ``budget`` real tokens (prompt +
-        response; a longer sample is a group of its own): token-budget micro-batches."""
-        lengths = (self.prompt_mask.sum(-1) + self.response_attention_mask.sum(-1)).tolist()
-        groups: list[list[int]] = [[]]
-        tokens = 0
-        for i, n in enumerate(lengths):
-            if groups[-1] and tokens + n > budget:
-                groups.append([])
-                tokens = 0
-            groups[-1].append(i)
-            tokens += n
-        return groups
-
     def chunk(self, parts: int) -> list["Batch"]:
-        """``parts`` near-equal consecutive chunks (used to shard across data-parallel ranks)."""
+        """``parts`` near-equal consecutive chunks."""
         n = len(self)
         bounds = [n * i // parts for i in range(parts + 1)]
         return [self.select(range(bounds[i], bounds[i + 1])) for i in range(parts)]
-
-    def trim_padding(self) -> "Batch":
-        """Drop prompt columns that are padding in every row and response columns past the longest response,
-        so compute is not spent on padding. Right-pad results back to ``response_length`` of the original batch
-        where a full-width output is needed."""
-        prompt_cols = torch.nonzero(self.prompt_mask.any(0)).flatten()
-        start = int(prompt_cols[0]) if prompt_cols.numel() else self.prompt_ids.shape[1] - 1
-        resp_cols = torch.nonzero(self.response_attention_mask.any(0)).flatten()
-        width = int(resp_cols[-1]) + 1 if resp_cols.numel() else 1
-        changes: dict[str, Any] = {}
-        for name, t in self.tensors().items():
-            if t.dim() == 2:
-                changes[name] = t[:, start:] if name.startswith("prompt") else t[:, :width]
-        # 2-D extras are response-aligned, so they lose the same columns.
-        changes["extras"] = {k: t[:, :width] if t.dim() == 2 else t for k, t in self.extras.items()}
-        return dataclasses.replace(self, **changes)
 
     @classmethod
     def concat(cls, batches: Sequence["Batch"]) -> "Batch":

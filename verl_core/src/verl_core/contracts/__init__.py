@@ -10,7 +10,7 @@ only through these, so it never needs to know which plugin it drives. The confor
 """
 
 from verl_core.contracts.common import Role, ModelSpec, WorldInfo, ConfigError, dispatch, dispatch_mode
-from verl_core.contracts.backend import LogProbs, LossFn, AlgorithmLoss, rank_mini_batch, check_sequence_length, micro_batch_weights, BackendConfig, LoRAAdapter, TrainingWorker, TrainingBackend
+from verl_core.contracts.backend import LogProbs, LossFn, AlgorithmLoss, BackendConfig, LoRAAdapter, TrainingWorker, TrainingBackend
 from verl_core.contracts.rollout import SamplingParams, PromptIds, RolloutOutput, RolloutConfig, RolloutEngine, ServerError
 from verl_core.contracts.algorithm import AlgorithmConfig, Requirements, RolloutRequest, Algorithm
 from verl_core.contracts.reward import RewardInput, RewardFunction, RewardError, ScorerConfig, RewardScorer
@@ -32,9 +32,6 @@ __all__ = [
     "LogProbs",
     "LossFn",
     "AlgorithmLoss",
-    "rank_mini_batch",
-    "check_sequence_length",
-    "micro_batch_weights",
     "BackendConfig",
     "LoRAAdapter",
     "TrainingWorker",

@@ -6,7 +6,7 @@ import abc
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Protocol
 
 from verl_core.contracts.common import Role, dispatch
 
@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     from verl_core.contracts.algorithm import Algorithm
     from verl_core.contracts.common import ModelSpec, WorldInfo
 
-__all__ = ["LogProbs", "LossFn", "AlgorithmLoss", "rank_mini_batch", "check_sequence_length", "micro_batch_weights",
-           "BackendConfig", "LoRAAdapter", "TrainingWorker", "TrainingBackend"]
+__all__ = ["LogProbs", "LossFn", "AlgorithmLoss", "BackendConfig", "LoRAAdapter", "TrainingWorker", "TrainingBackend"]
 
 
 @dataclass
@@ -34,52 +33,14 @@ class LossFn(Protocol):
 
     The value is a mean over some units of the micro-batch (its loss tokens, its sequences); a loss
     with a ``units(batch) -> float`` method says how many, so that backends can weight micro-batches
-    into the loss of the whole mini-batch (:func:`micro_batch_weights`). One without it is taken as a
-    mean over samples.
+    into the loss of the whole mini-batch (``verl_kit.training.micro_batch_weights``). One without it is
+    taken as a mean over samples.
     """
 
     def __call__(
         self, *, batch: Batch, log_probs: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
         values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
-
-
-def rank_mini_batch(mini_batch_size: int, rank_samples: int, dp_size: int) -> int:
-    """Samples per optimizer step on one data-parallel rank. ``mini_batch_size`` counts samples over all
-    ranks (as verl's ``ppo_mini_batch_size``; 0: the whole batch) and every rank holds an equal shard,
-    so each steps on its share and all take the same number of optimizer steps."""
-    if not mini_batch_size:
-        return rank_samples
-    if mini_batch_size % dp_size:
-        raise ValueError(f"algorithm.mini_batch_size={mini_batch_size} is not a multiple of the {dp_size} "
-                         f"data-parallel ranks; set it to a multiple, e.g. {dp_size * max(1, mini_batch_size // dp_size)}")
-    return mini_batch_size // dp_size
-
-
-def check_sequence_length(batch: Batch, max_positions: int | None) -> None:
-    """Refuse a batch whose prompt plus response is longer than the model's positions, naming the settings."""
-    total = batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
-    if max_positions and total > max_positions:
-        raise ValueError(f"sequence length {total} (prompt {batch.prompt_ids.shape[1]} + response "
-                         f"{batch.response_ids.shape[1]}) exceeds the model's max_position_embeddings="
-                         f"{max_positions}; lower data.max_prompt_length or rollout.max_new_tokens")
-
-
-def micro_batch_weights(loss_fn: LossFn, micro_batches: Sequence[Batch], *, dp_size: int = 1,
-                        sum_over_ranks: Callable[[float], float] | None = None) -> list[float]:
-    """The factor each micro-batch's loss (and its metrics) is multiplied by before its backward.
-
-    A mini-batch cut into micro-batches, on each of ``dp_size`` data-parallel ranks whose gradients
-    are averaged, must give the gradient of the loss over the whole mini-batch, however it was cut.
-    Each micro-batch's loss is a mean over its ``loss_fn.units``, so it counts by its units over the
-    units of the mini-batch on all ranks (``sum_over_ranks`` adds this rank's total to its peers'),
-    times ``dp_size`` to undo the average over ranks. A token-mean loss is thus divided by the
-    mini-batch's global token count, as verl does, not by each micro-batch's.
-    """
-    units_of = getattr(loss_fn, "units", None)
-    units = [float(units_of(m)) if units_of is not None else float(len(m)) for m in micro_batches]
-    total = sum(units) if sum_over_ranks is None else float(sum_over_ranks(sum(units)))
-    return [u * dp_size / total if total > 0 else 0.0 for u in units]
 
 
 class AlgorithmLoss:
