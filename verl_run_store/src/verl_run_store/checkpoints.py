@@ -30,11 +30,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_core.contracts import CheckpointError, CheckpointWriteError, CorruptCheckpointError, WorkerFailedError
+from verl_core.contracts import CheckpointError, CheckpointWriteError, WorkerFailedError
 
 __all__ = ["CheckpointManager", "CheckpointError", "CheckpointWriteError", "CorruptCheckpointError", "pid_alive"]
 
 logger = logging.getLogger(__name__)
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is missing or does not match its manifest (``file``: its path in the checkpoint)."""
+
+    def __init__(self, message: str, *, path: Path, file: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.file = file
 
 MANIFEST = "manifest.json"
 QUARANTINE_PREFIX = "corrupt-"

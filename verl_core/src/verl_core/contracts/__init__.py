@@ -20,55 +20,22 @@ from verl_core.contracts.providers import ModelProvider, DatasetProvider
 from verl_core.contracts.config_format import ConfigFormat
 from verl_core.contracts.step_source import SourcedStep, StepSource, StepSourceConfig
 from verl_core.contracts.data import DataError, DataReader
-from verl_core.contracts.run_store import RunStore, CheckpointError, CheckpointWriteError, CorruptCheckpointError
+from verl_core.contracts.run_store import RunStore, CheckpointError, CheckpointWriteError
 
-__all__ = [
-    "Role",
-    "ModelSpec",
-    "WorldInfo",
-    "ConfigError",
-    "dispatch",
-    "dispatch_mode",
-    "LogProbs",
-    "LossFn",
-    "AlgorithmLoss",
-    "BackendConfig",
-    "LoRAAdapter",
-    "TrainingWorker",
-    "TrainingBackend",
-    "SamplingParams",
-    "PromptIds",
-    "RolloutOutput",
-    "RolloutConfig",
-    "RolloutEngine",
-    "ServerError",
-    "AlgorithmConfig",
-    "Requirements",
-    "RolloutRequest",
-    "Algorithm",
-    "RewardInput",
-    "RewardFunction",
-    "RewardError",
-    "ScorerConfig",
-    "RewardScorer",
-    "ENV_REWARDS",
-    "StepResult",
-    "EnvironmentConfig",
-    "Environment",
-    "ExecutorConfig",
-    "WorkerFailedError",
-    "WorkerGroup",
-    "Executor",
-    "ModelProvider",
-    "DatasetProvider",
-    "ConfigFormat",
-    "SourcedStep",
-    "StepSource",
-    "StepSourceConfig",
-    "DataError",
-    "DataReader",
-    "RunStore",
-    "CheckpointError",
-    "CheckpointWriteError",
-    "CorruptCheckpointError",
-]
+from verl_core.contracts import (algorithm, backend, common, config_format, data, environment, executor,
+                                 providers, reward, rollout, run_store, step_source)
+
+# Each module declares its public names once, in its own __all__ (in a form type checkers follow).
+__all__: list[str] = []
+__all__ += common.__all__
+__all__ += backend.__all__
+__all__ += rollout.__all__
+__all__ += algorithm.__all__
+__all__ += reward.__all__
+__all__ += environment.__all__
+__all__ += executor.__all__
+__all__ += providers.__all__
+__all__ += config_format.__all__
+__all__ += step_source.__all__
+__all__ += data.__all__
+__all__ += run_store.__all__

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = ["RunStore", "CheckpointError", "CheckpointWriteError", "CorruptCheckpointError"]
+__all__ = ["RunStore", "CheckpointError", "CheckpointWriteError"]
 
 
 class CheckpointError(RuntimeError):
@@ -26,15 +26,6 @@ class CheckpointWriteError(CheckpointError):
         super().__init__(message)
         self.path = path
         self.cause = cause
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint file is missing or does not match its manifest (``file``: its path in the checkpoint)."""
-
-    def __init__(self, message: str, *, path: Path, file: str) -> None:
-        super().__init__(message)
-        self.path = path
-        self.file = file
 
 
 class RunStore(abc.ABC):
@@ -65,8 +56,8 @@ class RunStore(abc.ABC):
         """The checkpoint ``path`` names (a checkpoint, or a run directory: its latest) with a store of its run.
 
         Raises:
-            CheckpointError: ``path`` holds no complete checkpoint; with ``verify``, a corrupt one
-                (:class:`CorruptCheckpointError`, naming the file).
+            CheckpointError: ``path`` holds no complete checkpoint; with ``verify``, a corrupt one (naming
+                the file).
         """
 
     @abc.abstractmethod
