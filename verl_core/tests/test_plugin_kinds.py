@@ -62,7 +62,7 @@ PROVIDERS = """
 
 
 def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> None:
-    from verl_core.config import _with_model_preset
+    from verl_core.config import _layered
     from verl_data import DataError, load_rows
     from verl_core.trainer import resolve_model_path
 
@@ -78,9 +78,9 @@ def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> No
                                         "preference_pairs"):
         load_rows("builtin:sums", registry=registry, format="preference_pairs")
     # The preset sits under the user's settings: theirs win, the rest fills in.
-    raw = _with_model_preset({"model": {"path": "builtin:tiny"}, "backend": {"lr": 0.1}}, registry)
-    assert raw["backend"] == {"lr": 0.1} and raw["run"] == {"max_steps": 7}
-    assert "run" not in _with_model_preset({"model": {"path": "./local-dir"}}, registry)
+    raw = _layered({"model": {"path": "builtin:tiny"}, "run": {"seed": 3}}, registry.load("model", "tiny")().preset)
+    assert raw["run"] == {"max_steps": 7, "seed": 3}
+    assert _layered({"run": {"max_steps": 2}}, {"run": {"max_steps": 7}})["run"] == {"max_steps": 2}
 
 
 def test_an_unknown_builtin_lists_the_installed_ones_and_the_package(plugin) -> None:

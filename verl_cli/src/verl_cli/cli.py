@@ -73,7 +73,7 @@ def _formats_hint(registry: Any) -> str:
 
 def _collect(options: dict[str, Any]) -> tuple[Any, Any]:
     """Resolve the config that a command's options (its ``locals()``) describe; also return the registry."""
-    from verl_core.config import ConfigError, apply_overrides, load_raw_config, resolve_config, set_key
+    from verl_core.config import ConfigError, apply_overrides, load_raw_config, resolve_config
     from verl_core.registry import PluginRegistry
 
     registry = PluginRegistry()
@@ -93,7 +93,8 @@ def _collect(options: dict[str, Any]) -> tuple[Any, Any]:
     for name, key in _FLAG_KEYS.items():
         # Only flags the user gave become keys: the local executor has no nnodes/procs_per_node settings.
         if options[name] is not None:
-            set_key(raw, key, options[name])
+            section, _, setting = key.partition(".")
+            raw.setdefault(section, {})[setting] = options[name]
     raw = apply_overrides(raw, options["overrides"] or [])
     return resolve_config(raw, registry), registry
 

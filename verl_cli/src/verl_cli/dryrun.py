@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_core.config import Config, PluginSection, field_docs
+from verl_core.config import Config, PluginSection
 
 __all__ = ["DryRunReport", "dry_run", "unset_keys", "parameter_count", "memory_estimate"]
 
@@ -60,6 +60,29 @@ def unset_keys(cfg: Config) -> dict[str, str]:
             derived = _DERIVED.get(key)
             out[key] = (f"{derived(cfg)}  # unset: {doc}" if derived else f"(unset)  # {doc}").rstrip(" #")
     return out
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its description in the ``Attributes:`` section of ``cls``'s docstring (and its bases')."""
+    docs: dict[str, str] = {}
+    for klass in reversed(getattr(cls, "__mro__", (cls,))):
+        current, inside = None, False
+        for line in (klass.__doc__ or "").splitlines():
+            stripped = line.strip()
+            if stripped == "Attributes:":
+                inside = True
+                continue
+            if not inside:
+                continue
+            name, sep, text = stripped.partition(":")
+            if sep and name.isidentifier() and line.startswith(" " * 8) and not line.startswith(" " * 12):
+                current = name
+                docs[current] = text.strip()
+            elif stripped and current:
+                docs[current] += " " + stripped
+            elif not stripped and current:
+                current, inside = None, False
+    return docs
 
 
 def _log_prob_gap(cfg: Config) -> str:

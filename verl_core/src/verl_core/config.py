@@ -52,7 +52,6 @@ __all__ = [
     "resolve_config",
     "config_to_dict",
     "dump_toml",
-    "field_docs",
     "KEY_ALIASES",
 ]
 
@@ -434,12 +433,6 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     return out
 
 
-def set_key(raw: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set one dotted key in a raw config dict (used for CLI flags)."""
-    section, _, key = dotted.partition(".")
-    raw.setdefault(section, {})[key] = value
-
-
 # ---------------------------------------------------------------------------- resolving
 def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int | None = None) -> Config:
     """Turn a raw dict into a validated :class:`Config`; plugin sections use the plugin's class.
@@ -451,14 +444,19 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
     (:func:`fitted_lengths`: ``max_positions``, or ``max_position_embeddings`` from a local
     ``model.path``'s config.json).
     """
+    from verl_core.registry import BUILTIN_PREFIX, load_builtin
+
     sections = config_sections(registry, used=list(raw))
     known = list(sections)
     user = raw
     raw = _with_environment_task(raw, registry)
     model = raw.get("model") if isinstance(raw.get("model"), Mapping) else {}
     path = str(model.get("path", ModelConfig.path))
-    if path.startswith("builtin:"):
-        raw = _with_model_preset(raw, registry)
+    if path.startswith(BUILTIN_PREFIX):
+        # A built-in model's plugin ships the settings it was tuned with (ModelProvider.preset, like a Hugging Face
+        # model ships its generation config). A [model] that is not a table fails its own check below.
+        if isinstance(raw.get("model", {}), Mapping):
+            raw = _layered(raw, load_builtin(registry, "model", path, key="model.path").preset or {})
         applied = [f"{section}.{key}" for section, values in raw.items() if isinstance(values, Mapping)
                    for key in values if key not in (user.get(section) or {})]
         profile = (f"built-in task (the preset of {path} sets {', '.join(applied) or 'nothing you left unset'}; "
@@ -466,7 +464,7 @@ def resolve_config(raw: Mapping[str, Any], registry: Any, *, max_positions: int 
     else:
         max_positions = max_positions if max_positions is not None else _max_positions(path, raw.get("run"), registry)
         fitted = fitted_lengths(max_positions)
-        raw = _with_model_preset(raw, registry, fitted)
+        raw = _layered(raw, fitted)
         profile = "own model (each section's defaults" + (
             f"; data.max_prompt_length and rollout.max_new_tokens fitted to its max_position_embeddings="
             f"{max_positions})" if fitted else "; no builtin: model preset)")
@@ -529,13 +527,7 @@ def _with_source_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[Mappin
         return raw, ""  # the section's own check names the bad value
     source = plugin_for_key(registry, "step_source", mode, "trainer.mode")
     recommended, note = source.defaults(raw, registry)
-    if not recommended:
-        return raw, ""
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
-    for section, values in recommended.items():
-        current = out.get(section, {})
-        out[section] = {**values, **current} if isinstance(current, Mapping) else current
-    return out, note
+    return (_layered(raw, recommended), note) if recommended else (raw, "")
 
 
 def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str, Any]:
@@ -546,30 +538,13 @@ def _with_environment_task(raw: Mapping[str, Any], registry: Any) -> Mapping[str
         return raw
     environment = plugin_for_key(registry, "environment", name, "environment.name")
     task_for = getattr(environment, "task_for", None)  # a task that follows the [environment] settings
-    task = (task_for(env) if callable(task_for) else getattr(environment, "task", None)) or {}
+    return _layered(raw, (task_for(env) if callable(task_for) else getattr(environment, "task", None)) or {})
+
+
+def _layered(raw: Mapping[str, Any], under: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``raw`` with the settings of ``under`` beneath the user's own, section by section: theirs win."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
-    for section, values in task.items():
-        current = out.setdefault(section, {})
-        if isinstance(current, Mapping):
-            out[section] = {**values, **current}
-    return out
-
-
-def _with_model_preset(raw: Mapping[str, Any], registry: Any,
-                       preset: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Layer the recommended settings of a ``builtin:`` model (or ``preset``) under the user's own.
-
-    A built-in model's plugin ships the settings it was tuned with (``ModelProvider.preset``, like
-    a Hugging Face model ships its generation config); anything the user sets wins.
-    """
-    from verl_core.registry import BUILTIN_PREFIX, load_builtin
-
-    path = raw.get("model", {}).get("path", ModelConfig.path) if isinstance(raw.get("model", {}), Mapping) else None
-    builtin = isinstance(path, str) and path.startswith(BUILTIN_PREFIX)
-    if preset is None and builtin:
-        preset = load_builtin(registry, "model", path, key="model.path").preset
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
-    for section, values in (preset or {}).items():
+    for section, values in under.items():
         if isinstance(out.get(section, {}), Mapping):
             out[section] = {**values, **out.get(section, {})}
     return out
@@ -769,29 +744,6 @@ def _suggest(word: str, options: Sequence[str]) -> str:
     if len(family) > 1:
         return f" (did you mean one of {', '.join(map(repr, family))}?)"
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> its description in the ``Attributes:`` section of ``cls``'s docstring (and its bases')."""
-    docs: dict[str, str] = {}
-    for klass in reversed(getattr(cls, "__mro__", (cls,))):
-        current, inside = None, False
-        for line in (klass.__doc__ or "").splitlines():
-            stripped = line.strip()
-            if stripped == "Attributes:":
-                inside = True
-                continue
-            if not inside:
-                continue
-            name, sep, text = stripped.partition(":")
-            if sep and name.isidentifier() and line.startswith(" " * 8) and not line.startswith(" " * 12):
-                current = name
-                docs[current] = text.strip()
-            elif stripped and current:
-                docs[current] += " " + stripped
-            elif not stripped and current:
-                current, inside = None, False
-    return docs
 
 
 # ---------------------------------------------------------------------------- output
