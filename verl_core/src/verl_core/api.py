@@ -9,9 +9,10 @@ a started run stops with, beyond the user errors of ``config``/``registry``/``co
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import logging.handlers
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,11 @@ def check(cfg: Config, registry: Any) -> Plan:
     ...). It loads no weights, starts no executor or engine and writes nothing; a ``builtin:`` model is built
     on first use, as the run builds it.
     """
-    from verl_core.assembly import (check_roles, check_sources, check_step_source, critic_spec, load_data,
-                                    load_tokenizer, make_boundary, model_config, resolve_model_path,
+    from verl_core.assembly import (check_sources, check_step_source, critic_spec, load_prompts, load_tokenizer,
+                                    make_backend, make_boundary, model_config, resolve_model_path,
                                     reusable_old_log_probs)
     from verl_core.dataflow import DataflowBuilder
     from verl_core.hooks import build_plugin_manager
-    from verl_core.sampler import PromptSampler
     from verl_core.trainer import Trainer
 
     warnings: list[str] = []
@@ -81,25 +81,18 @@ def check(cfg: Config, registry: Any) -> Plan:
         registry.load("environment", cfg.environment.name)
     trainer.critic_spec = critic_spec(trainer, needs.critic)
     data_logger = logging.getLogger("verl.data")  # its warnings go to the plan, not between a report's lines
-    captured = _Capture()
+    captured = logging.handlers.BufferingHandler(capacity=sys.maxsize)
+    captured.setLevel(logging.WARNING)
     data_logger.addHandler(captured)
     try:
-        train_rows, val_rows = load_data(trainer, needs.data)
+        load_prompts(trainer, needs)  # the rows, the sampler, the number of steps and the scorer, as the run
     finally:
         data_logger.removeHandler(captured)
-    warnings += captured.messages
-    PromptSampler(len(train_rows), cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-    max_steps = (cfg.run.epochs * (len(train_rows) // cfg.data.batch_size) if cfg.run.epochs else cfg.run.max_steps)
-    reward = registry.load("scorer", cfg.reward.name)(
-        config=cfg.reward.config, registry=registry, tokenizer=tokenizer,
-        data_sources={r["data_source"] for r in (*train_rows, *val_rows)})
-    reward_model = reward.reward_model_path()
-    reward.close()
-    backend_config = cfg.backend.config
-    if not backend_config.total_training_steps:
-        backend_config = dataclasses.replace(backend_config, total_training_steps=max_steps)
-    check_roles(registry.load("backend", cfg.backend.name), cfg.backend.name, needs, reward_model)
-    backend = registry.load("backend", cfg.backend.name)(backend_config)
+    warnings += [record.getMessage() for record in captured.buffer]
+    try:
+        backend = make_backend(trainer)
+    finally:
+        trainer.reward.close()
     builder = DataflowBuilder()
     algorithm.build_dataflow(builder)
     trainer.dataflow = builder.build()
@@ -113,20 +106,9 @@ def check(cfg: Config, registry: Any) -> Plan:
     registry.load("rollout", cfg.rollout.name)
     if cfg.run.resume not in ("auto", "never", "force"):
         store.find(cfg.run.resume)  # verified
-    return Plan(model_path=model_path, model_config=model_config(trainer) or {}, train_rows=train_rows,
-                val_rows=val_rows, max_steps=max_steps, needs=needs, dataflow=trainer.dataflow, reused=reused,
-                world_size=world_size, warnings=warnings)
-
-
-class _Capture(logging.Handler):
-    """Keeps the messages of a logger's warnings (the data loader's), for the plan."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+    return Plan(model_path=model_path, model_config=model_config(trainer) or {}, train_rows=trainer.train_rows,
+                val_rows=trainer.val_rows, max_steps=trainer.max_steps, needs=needs, dataflow=trainer.dataflow,
+                reused=reused, world_size=world_size, warnings=warnings)
 
 
 @dataclass
