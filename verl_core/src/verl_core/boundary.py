@@ -23,10 +23,7 @@ import torch
 from verl_core.contracts import RolloutOutput, StepResult
 
 __all__ = ["Boundary", "PluginOutputError", "plugin_label", "check_messages", "check_step_result", "check_scores",
-           "check_rollout_output", "check_advantages", "check_prompt_rows", "finite_rows", "ON_INVALID"]
-
-#: ``reward.on_invalid`` values: stop the run at a non-finite reward, or drop the rows and go on.
-ON_INVALID = ("stop", "skip")
+           "check_rollout_output", "check_advantages", "check_prompt_rows", "finite_rows"]
 
 
 class PluginOutputError(RuntimeError):

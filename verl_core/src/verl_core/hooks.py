@@ -135,13 +135,11 @@ def _plain(value: Any) -> Any:
 
 def sample_records(*, step: int, split: str, prompts: Sequence[str], responses: Sequence[str],
                    rewards: Sequence[float], meta: dict[str, Sequence[Any]], response_tokens: Sequence[int],
-                   finish_reasons: Sequence[str], groups: Sequence[int] | None = None,
-                   indices: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """One record per chosen sample (``indices``, default all); a ``transcript`` in ``meta`` comes along."""
-    chosen = range(len(responses)) if indices is None else indices
+                   finish_reasons: Sequence[str], groups: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """One record per sample; a ``transcript`` in ``meta`` comes along."""
     transcripts = meta.get("transcript")
     out = []
-    for i in chosen:
+    for i in range(len(responses)):
         record = {
             "step": step, "split": split, "index": int(i), "group": int(groups[i]) if groups is not None else None,
             "data_source": _plain((meta.get("data_source") or [None] * len(responses))[i]),

@@ -151,7 +151,6 @@ def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
     kept: list[Batch] = []
     kept_groups: list[int] = []
     generated = 0
-    rounds = 0
     for rounds in range(request.max_extra_rounds + 1):
         if rounds > 0:
             if ctx.draw_prompts is None:

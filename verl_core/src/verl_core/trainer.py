@@ -183,7 +183,7 @@ class Trainer:
         A first SIGTERM or Ctrl-C ends the run after the step it is in, with a checkpoint of that step
         (:class:`~verl_core.signals.Preempted`; ``run.save_on_signal``), a second one at once. A worker
         process that dies restarts the worker groups from the last checkpoint, up to ``run.max_restarts``
-        times (:meth:`_restart_workers`).
+        times (:func:`~verl_core.run_state.restart`).
         """
         try:
             with StopSignals(self.config.run.save_on_signal) as stop:
@@ -214,7 +214,7 @@ class Trainer:
                 try:
                     last.update(self._advance(stop))
                 except WorkerFailedError as exc:
-                    self._restart_workers(exc)
+                    run_state.restart(self, exc)  # new worker groups, back to the last checkpoint
                     stop.install()
             if self._validated_at != self.step and self.val_rows:
                 last.update(self.validate())
@@ -265,10 +265,6 @@ class Trainer:
         if self.step and (self._checkpoint is None or self._checkpoint[0] != self.step):
             self.save_checkpoint()
         return Preempted(signum, self.step, self._checkpoint[1] if self._checkpoint else None)
-
-    def _restart_workers(self, failure: WorkerFailedError) -> None:
-        """Replace every worker group and go back to the last checkpoint (:func:`~verl_core.run_state.restart`)."""
-        run_state.restart(self, failure)
 
     def run_step(self) -> dict[str, float]:
         """One RL step: the source's prompts (or batch), the algorithm's dataflow, the weights handed on."""

@@ -12,6 +12,7 @@ import torch
 from verl_core.boundary import check_scores, finite_rows
 from verl_core.contracts import ENV_REWARDS
 from verl_core.hooks import sample_records
+from verl_core.rollout_utils import generate_batch
 
 __all__ = ["validate"]
 
@@ -36,22 +37,17 @@ def validate(t: Any) -> dict[str, float]:
             batch = t.make_environment.func.run_episodes(  # a functools.partial of the environment class
                 t.rollout, part, sampling, t.make_environment, t.config.environment.config,
                 pad_id=t.tokenizer.pad_token_id, boundary=t.boundary, step=t.step)
-            texts += t.tokenizer.batch_decode([ids[m.bool()].tolist() for ids, m in zip(
-                batch.response_ids, batch.response_attention_mask)], skip_special_tokens=True)
             env_rewards.append(batch.extras[ENV_REWARDS].sum(-1))
-            shown["tokens"] += batch.response_attention_mask.sum(-1).tolist()
-            shown["finish"] += batch.finish_reasons
-            shown["transcript"] += batch.meta["transcript"]
         else:
-            out = t.boundary.engine_output(t.rollout.generate([r["prompt_ids"] for r in part], sampling=sampling),
-                                           expected=len(part) * sampling.n, step=t.step)
-            texts += t.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-            shown["tokens"] += [len(ids) for ids in out.response_ids]
-            shown["finish"] += out.finish_reasons
-        for r in part:
-            for _ in range(sampling.n):
-                for k in meta:
-                    meta[k].append(r.get(k))
+            batch = generate_batch(t.rollout, part, sampling, boundary=t.boundary, step=t.step)
+        mask = batch.response_attention_mask.bool()
+        texts += t.tokenizer.batch_decode([ids[m].tolist() for ids, m in zip(batch.response_ids, mask)],
+                                          skip_special_tokens=True)
+        shown["tokens"] += mask.sum(-1).tolist()
+        shown["finish"] += batch.finish_reasons
+        shown["transcript"] += batch.meta.get("transcript", [])
+        for k in meta:
+            meta[k] += [r.get(k) for r in part for _ in range(sampling.n)]
     scores, reward_metrics = t.reward.score_texts(texts, meta)
     scores = check_scores(scores, len(texts), source=t.boundary.scorer, step=t.step)
     parts = [(t.boundary.scorer, scores)]
