@@ -77,7 +77,9 @@ def test_builtin_models_and_datasets_resolve_through_their_plugins(plugin) -> No
                                         "builtin:sums builds only 'prompts'; point data.train at data with "
                                         "preference_pairs"):
         load_rows("builtin:sums", registry=registry, format="preference_pairs")
-    # The preset sits under the user's settings: theirs win, the rest fills in.
+    # The preset sits under the user's settings: theirs win, the rest fills in. (That resolve_config asks a builtin:
+    # model for it, and a local path for none, is tested with real plugins: verl-task-arithmetic's
+    # test_the_model_preset_is_layered_under_the_users_config and verl-cli's `verl config show` tests.)
     raw = _layered({"model": {"path": "builtin:tiny"}, "run": {"seed": 3}}, registry.load("model", "tiny")().preset)
     assert raw["run"] == {"max_steps": 7, "seed": 3}
     assert _layered({"run": {"max_steps": 2}}, {"run": {"max_steps": 7}})["run"] == {"max_steps": 2}

@@ -24,7 +24,8 @@ from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements, Rollou
 from verl_algorithms import functional as F
 from verl_algorithms.functional import KLEstimator, LossAggMode
 
-__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode", "OldLogProbs", "without_v1_keys"]
+__all__ = ["PPOFamilyConfig", "PolicyGradient", "KLEstimator", "LossAggMode", "OldLogProbs", "kl_in_reward",
+           "without_v1_keys"]
 
 OldLogProbs = Literal["auto", "recompute", "rollout"]
 
@@ -173,8 +174,7 @@ class PolicyGradient(Algorithm):
             df.critic_values()
             reads = (*reads, "values")
         if needs.reference and cfg.kl_in_reward:
-            df.node("kl_reward", lambda ctx: _kl_in_reward(ctx, cfg.kl_coef, cfg.kl_estimator),
-                    reads=("token_rewards", "old_log_probs", "ref_log_probs"), writes=("token_rewards",))
+            kl_in_reward(df, kl_coef=cfg.kl_coef, estimator=cfg.kl_estimator)
         df.compute_advantages(self, reads=reads)
         if needs.critic:
             df.update_critic(self)
@@ -200,9 +200,15 @@ class PolicyGradient(Algorithm):
         return F.ppo_policy_loss(self.config, batch=batch, log_probs=log_probs, entropy=entropy)
 
 
-def _kl_in_reward(ctx: Any, kl_coef: float, estimator: str) -> dict[str, torch.Tensor]:
-    """The ``kl_reward`` node: subtract ``kl_coef * KL(policy || reference)`` from the token rewards (PPO's
-    KL-in-reward); ``ctx`` is the step's context (its batch and metrics)."""
+def kl_in_reward(df: DataflowBuilder, *, kl_coef: float, estimator: str) -> str:
+    """Add the ``kl_reward`` node to ``df``: ``kl_coef * KL(policy || reference)`` (per token, by
+    :func:`~verl_algorithms.functional.kl_penalty`'s ``estimator``) subtracted from the token rewards, PPO's
+    KL-in-reward, logged as ``ppo/kl_in_reward``. It runs after the old and the reference log-probs."""
+    return df.node("kl_reward", lambda ctx: _kl_reward(ctx, kl_coef, estimator),
+                   reads=("token_rewards", "old_log_probs", "ref_log_probs"), writes=("token_rewards",))
+
+
+def _kl_reward(ctx: Any, kl_coef: float, estimator: str) -> dict[str, torch.Tensor]:
     b = ctx.batch
     kl = F.kl_penalty(b.old_log_probs, b.ref_log_probs, estimator) * b.response_mask
     ctx.metrics["ppo/kl_in_reward"] = float(F.masked_mean(kl, b.response_mask))

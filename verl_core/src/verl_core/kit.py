@@ -5,8 +5,9 @@ Loaded lazily, name by name, so ``from verl_core.kit import DataError`` costs no
     from verl_core.kit import left_pad, sync_rollout_weights  # a rollout engine
     from verl_core.kit import check_step_result, Boundary     # an environment kit
 
-The helpers the core itself does not use (sharding and dispatch, engine helpers, built-in models, the
-model side of vision) are the ``verl-kit`` library's: ``from verl_kit.sharding import split_call``.
+The helpers the core itself does not use (sharding and dispatch, the backends' micro-batching, engine helpers,
+built-in models, the model side of vision) are the ``verl-kit`` library's: ``from verl_kit.sharding import
+split_call``.
 """
 
 from __future__ import annotations

@@ -82,7 +82,10 @@ SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({3})
 #: What a plugin written for an older API renames to target this one.
 _API_RENAMES = {2: "in its imports, verl_core.interfaces -> verl_core.contracts, verl_core.algorithms(.base, .grpo, "
                    ".ppo, .functional) -> verl_algorithms(...), verl_core.rollout_hf -> verl_rollout_hf, "
-                   "verl_core.agent_loop -> verl_env_kit (environments subclass verl_env_kit.MultiTurnEnvironment); "
+                   "verl_core.agent_loop -> verl_env_kit (environments subclass verl_env_kit.MultiTurnEnvironment), "
+                   "kl_penalty, KL_ESTIMATORS and df.kl_in_reward(...) -> verl_algorithms (.functional, .base.kl_in_reward), "
+                   "rank_mini_batch, check_sequence_length, micro_batch_weights and batch.token_groups(n), "
+                   "batch.trim_padding() -> verl_kit.training (token_groups(batch, n), trim_padding(batch)); "
                    'then declare v3 = "<its_module>" under [project.entry-points."verl.plugin_api"]'}
 
 #: Distributions the verl project ships apart from verl-core, and what they provide, for install

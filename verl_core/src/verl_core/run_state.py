@@ -30,8 +30,8 @@ def saved_config(path: str | Path, overrides: Sequence[str], registry: Any, *, g
     if recorded is None:
         raise CheckpointError(f"{run.run_dir} has no config.toml next to its checkpoints")
     saved, section = recorded, recorded.get("algorithm")
-    if isinstance(section, dict):  # as this release of the algorithm takes it
-        name = section.get("name", CORE_SECTIONS["algorithm"].default)
+    name = section.get("name", CORE_SECTIONS["algorithm"].default) if isinstance(section, dict) else None
+    if isinstance(name, str):  # as this release of the algorithm takes it (a bad name: the config check's)
         algorithm = plugin_for_key(registry, "algorithm", name, "algorithm.name")
         saved = {**saved, "algorithm": algorithm.saved_settings(section)}
     overrides = [*copy_overrides(run, saved.get("model", {}), given=given), f"run.resume={json.dumps(str(ckpt))}",

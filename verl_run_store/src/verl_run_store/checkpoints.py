@@ -45,6 +45,7 @@ class CorruptCheckpointError(CheckpointError):
         self.path = path
         self.file = file
 
+
 MANIFEST = "manifest.json"
 QUARANTINE_PREFIX = "corrupt-"
 

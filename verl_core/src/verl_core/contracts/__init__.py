@@ -9,18 +9,18 @@ only through these, so it never needs to know which plugin it drives. The confor
 :mod:`verl_core.testing` check an implementation against them.
 """
 
-from verl_core.contracts.common import Role, ModelSpec, WorldInfo, ConfigError, dispatch, dispatch_mode
-from verl_core.contracts.backend import LogProbs, LossFn, AlgorithmLoss, BackendConfig, LoRAAdapter, TrainingWorker, TrainingBackend
-from verl_core.contracts.rollout import SamplingParams, PromptIds, RolloutOutput, RolloutConfig, RolloutEngine, ServerError
-from verl_core.contracts.algorithm import AlgorithmConfig, Requirements, RolloutRequest, Algorithm
-from verl_core.contracts.reward import RewardInput, RewardFunction, RewardError, ScorerConfig, RewardScorer
-from verl_core.contracts.environment import ENV_REWARDS, StepResult, EnvironmentConfig, Environment
-from verl_core.contracts.executor import ExecutorConfig, WorkerFailedError, WorkerGroup, Executor
-from verl_core.contracts.providers import ModelProvider, DatasetProvider
-from verl_core.contracts.config_format import ConfigFormat
-from verl_core.contracts.step_source import SourcedStep, StepSource, StepSourceConfig
-from verl_core.contracts.data import DataError, DataReader
-from verl_core.contracts.run_store import RunStore, CheckpointError, CheckpointWriteError
+from verl_core.contracts.common import *  # noqa: F403
+from verl_core.contracts.backend import *  # noqa: F403
+from verl_core.contracts.rollout import *  # noqa: F403
+from verl_core.contracts.algorithm import *  # noqa: F403
+from verl_core.contracts.reward import *  # noqa: F403
+from verl_core.contracts.environment import *  # noqa: F403
+from verl_core.contracts.executor import *  # noqa: F403
+from verl_core.contracts.providers import *  # noqa: F403
+from verl_core.contracts.config_format import *  # noqa: F403
+from verl_core.contracts.step_source import *  # noqa: F403
+from verl_core.contracts.data import *  # noqa: F403
+from verl_core.contracts.run_store import *  # noqa: F403
 
 from verl_core.contracts import (algorithm, backend, common, config_format, data, environment, executor,
                                  providers, reward, rollout, run_store, step_source)
