@@ -19,7 +19,7 @@
 # Overrides: ONLY (configurations), SHAPE (trl_comparison.py's shape options), STEPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DISTS="./verl_core ./verl_kit ./verl_run_store ./verl_data ./verl_backend_fsdp ./verl_rollout_hf ./verl_algorithms ./plugins/verl-rewards ./verl_trainer_async"
+DISTS="./verl_core ./verl_kit ./verl_run_store ./verl_executor_local ./verl_data ./verl_backend_fsdp ./verl_rollout_hf ./verl_algorithms ./plugins/verl-rewards ./verl_trainer_async"
 if [ "${1:-}" = "--wheels" ]; then
   exclude="$(git rev-parse --git-path info/exclude)"
   mkdir -p "$(dirname "$exclude")" && { grep -qxF /wheels/ "$exclude" 2>/dev/null || echo /wheels/ >>"$exclude"; }
@@ -37,7 +37,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 if ! python3 -c "import sys, torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__); sys.exit(not torch.cuda.is_available())"; then
   echo "prepared, not run: no CUDA device that torch can use here"; exit 1
 fi
-if ! python3 -c "import sys, importlib.metadata as m; sys.exit('fsdp' not in {e.name for e in m.entry_points(group='verl.backends')} or 'local' not in {e.name for e in m.entry_points(group='verl.run_stores')})"; then
+if ! python3 -c "import sys, importlib.metadata as m; sys.exit('fsdp' not in {e.name for e in m.entry_points(group='verl.backends')} or 'local' not in {e.name for e in m.entry_points(group='verl.run_stores')} or 'local' not in {e.name for e in m.entry_points(group='verl.executors')})"; then
   echo "prepared, not run: verl's distributions are not installed here (run 'bash $0 --wheels' where pip works and carry wheels/)"; exit 1
 fi
 # colocate_async on the GPU: the producer's engine copy (thread and process) generates on CUDA, not the CPU.

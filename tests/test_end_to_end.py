@@ -139,7 +139,8 @@ def test_plugins_list_json(run_verl):
                       ("step_source", "colocate_async"): "verl-trainer-async",
                       ("config_format", "verl-yaml"): "verl-config-import",
                       ("data_reader", "standard"): "verl-data", ("hook", "health"): "verl-loggers",
-                      ("hook", "samples"): "verl-loggers"}.items():
+                      ("hook", "samples"): "verl-loggers", ("run_store", "local"): "verl-run-store",
+                      ("executor", "local"): "verl-executor-local"}.items():
         assert rows[key]["distribution"] == dist and rows[key]["status"] == "available", key
 
 

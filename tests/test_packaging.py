@@ -91,7 +91,8 @@ def test_every_distribution_builds_and_a_fresh_virtualenv_installs_and_trains(tm
                       (("backend", "fsdp"), "verl-backend-fsdp"), (("executor", "torchrun"), "verl-executor-torchrun"),
                       (("scorer", "default"), "verl-rewards"), (("model", "tiny-qwen2-addition"), "verl-task-arithmetic"),
                       (("config_format", "verl-yaml"), "verl-config-import"),
-                      (("data_reader", "standard"), "verl-data")):
+                      (("data_reader", "standard"), "verl-data"), (("executor", "local"), "verl-executor-local"),
+                      (("run_store", "local"), "verl-run-store")):
         assert plugins[key]["distribution"] == dist and plugins[key]["status"] == "available", plugins.get(key)
 
     out = tmp_path / "run"

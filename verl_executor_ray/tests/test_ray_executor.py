@@ -76,7 +76,7 @@ def train_three_steps(executor, model_dir, batch, algorithm):
 
 
 def test_two_fsdp_ranks_match_one_process(ray_session, builtin):
-    from verl_core.executor_local import LocalExecutor
+    from verl_executor_local import LocalExecutor
 
     model_dir, _, _, batch, algorithm = builtin
     one_losses, one_lp, _ = train_three_steps(LocalExecutor(ExecutorConfig(threads_per_worker=1)), model_dir, batch,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 DRIVER = textwrap.dedent('''
     import functools, json, sys
     from verl_core.contracts import ExecutorConfig, ModelSpec, Role
-    from verl_core.executor_local import LocalExecutor
+    from verl_executor_local import LocalExecutor
     from verl_core.testing import make_batch
     from verl_task_arithmetic.addition import build_model, build_tokenizer
     from verl_core.trainer import _create_worker

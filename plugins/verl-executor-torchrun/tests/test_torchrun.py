@@ -94,7 +94,7 @@ def test_outside_torchrun_it_says_how_to_start(monkeypatch):
 
 
 def test_the_local_executor_refuses_to_run_copies_under_torchrun(monkeypatch):
-    from verl_core.executor_local import LocalExecutor
+    from verl_executor_local import LocalExecutor
     from verl_core.contracts import ExecutorConfig
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")

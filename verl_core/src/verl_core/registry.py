@@ -98,6 +98,7 @@ KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...] | str]] = {
     "verl-rollout-hf": {"rollout": ("hf",)},
     "verl-rollout-vllm": {"rollout": ("vllm", "openai")},
     "verl-rollout-sglang": {"rollout": ("sglang",)},
+    "verl-executor-local": {"executor": ("local",)},
     "verl-executor-ray": {"executor": ("ray",)},
     "verl-executor-torchrun": {"executor": ("torchrun",)},
     "verl-env-tools": {"environment": ("tools",), "model": ("tiny-qwen2-tools", "tiny-qwen2-code"),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from verl_core.executor_local import LocalExecutor
+from verl_executor_local import LocalExecutor
 from verl_core.contracts import ExecutorConfig
 from verl_core.testing import ExecutorConformance
 

@@ -1,4 +1,5 @@
-"""The in-process executor: every worker group is one worker in the controller's process."""
+"""verl's in-process executor, ``executor.name = "local"`` (the default): every worker group is one worker in the
+controller's process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, Callable
 from verl_core.contracts import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo, dispatch_mode
 
 __all__ = ["LocalExecutor", "LocalWorkerGroup"]
+
+__version__ = "0.1.0"
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -47,7 +50,7 @@ class LocalExecutor(Executor):
         self.device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
         launched = os.environ.get("WORLD_SIZE", "1")
         if os.environ.get("TORCHELASTIC_RUN_ID") and launched.isdigit() and int(launched) > 1:
-            from verl_core.config import ConfigError
+            from verl_core.contracts import ConfigError
 
             raise ConfigError("executor.name", f"this process is one of {launched} that torchrun started, and the "
                                                f"local executor would train {launched} separate copies of the run; "
