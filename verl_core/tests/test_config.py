@@ -122,3 +122,41 @@ def test_a_plugin_registers_its_own_config_section(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="sandbox: unknown section"):
         # Not installed: an unknown section.
         resolve_config({"sandbox": {}}, PluginRegistry(paths=[p for p in sys.path if p != str(site)]))
+
+
+def test_a_range_compares_an_integer_with_a_fractional_bound():
+    from verl_core.config import Range
+
+    assert Range(gt=0.5).problem(1) is None  # int.__gt__(0.5) is NotImplemented: compared as numbers
+    assert Range(gt=0.5).problem(0) == "must be > 0.5, got 0"
+    assert Range(ge=0, le=1, hint="a fraction").problem(1.5) == "must be >= 0 and <= 1, got 1.5 (a fraction)"
+
+
+def test_a_negative_val_every_is_named_as_itself(registry):
+    with pytest.raises(ConfigError, match=r"run\.val_every: must be >= 0"):
+        resolve_config({"run": {"val_every": -1}}, registry)
+    with pytest.raises(ConfigError, match=r"run\.save_every: must be >= 0"):
+        resolve_config({"run": {"save_every": -1}}, registry)
+
+
+@pytest.mark.parametrize("name", ["raw", "profile", "sections"])
+def test_a_plugin_section_cannot_take_a_name_the_config_object_uses(name):
+    """``Config.raw`` and ``Config.profile`` are attributes: a section of that name would be hidden behind them."""
+    import dataclasses
+    import types
+
+    from verl_core.config import ConfigSection, config_sections
+
+    @dataclasses.dataclass
+    class Settings:
+        x: int = 0
+
+    class OneSection:  # the registry's two calls config_sections makes, answering one section plugin
+        def list(self, kind):
+            return [types.SimpleNamespace(name=name)]
+
+        def load(self, kind, section):
+            return ConfigSection(schema=Settings)
+
+    with pytest.raises(ConfigError, match="a name the Config class uses itself"):
+        config_sections(OneSection())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import operator
 import re
 import sys
 import types
@@ -139,7 +140,7 @@ class RunConfig:
         if self.max_steps < 0 or self.epochs < 0:
             raise ConfigError("epochs" if self.epochs < 0 else "max_steps", "must be >= 0")
         if self.save_every < 0 or self.val_every < 0:
-            raise ConfigError("save_every", "save_every and val_every must be >= 0")
+            raise ConfigError("save_every" if self.save_every < 0 else "val_every", "must be >= 0")
         if self.resume not in ("auto", "never") and not self.resume:
             raise ConfigError("resume", "use 'auto', 'never', 'force' or a checkpoint path")
 
@@ -312,7 +313,7 @@ CORE_SECTIONS: dict[str, ConfigSection] = {
 
 
 #: Attribute names of :class:`Config` that no section may take.
-_RESERVED_SECTIONS = frozenset({"sections", "section_spec"})
+_RESERVED_SECTIONS = frozenset({"sections", "section_spec", "raw", "profile"})
 
 
 def config_sections(registry: Any, used: Sequence[str] = ()) -> dict[str, ConfigSection]:
@@ -597,8 +598,8 @@ class Range:
         """``"must be > 0, got -1.0 (...)"`` when ``value`` is outside the range, else None."""
         bounds = [(op, b) for op, b in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le))
                   if b is not None]
-        tests = {">": value.__gt__, ">=": value.__ge__, "<": value.__lt__, "<=": value.__le__}
-        if all(tests[op](b) is True for op, b in bounds):
+        tests = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+        if all(tests[op](value, b) for op, b in bounds):  # NaN fails every bound
             return None
         rule = " and ".join(f"{op} {b:g}" for op, b in bounds)
         return f"must be {rule}, got {value!r}" + (f" ({self.hint})" if self.hint else "")
