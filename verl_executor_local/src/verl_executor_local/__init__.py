@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from verl_core.contracts import Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo, dispatch_mode
+from verl_core.contracts import ConfigError, Executor, ExecutorConfig, Role, WorkerGroup, WorldInfo, dispatch_mode
 
 __all__ = ["LocalExecutor", "LocalWorkerGroup"]
 
@@ -50,8 +50,6 @@ class LocalExecutor(Executor):
         self.device = "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
         launched = os.environ.get("WORLD_SIZE", "1")
         if os.environ.get("TORCHELASTIC_RUN_ID") and launched.isdigit() and int(launched) > 1:
-            from verl_core.contracts import ConfigError
-
             raise ConfigError("executor.name", f"this process is one of {launched} that torchrun started, and the "
                                                f"local executor would train {launched} separate copies of the run; "
                                                f"use executor.name='torchrun' (pip install verl-executor-torchrun) "

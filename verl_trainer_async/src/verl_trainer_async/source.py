@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -115,7 +114,7 @@ def _producer_threads(config: AsyncConfig, threads: int) -> int:
     return config.producer_threads or max(1, threads // 2)
 
 
-def _trainer_mode_problem(executor: Any, config: Any, mode: str) -> str | None:
+def _trainer_mode_problem(executor: Any, mode: str) -> str | None:
     """Why ``executor`` cannot place the producer of ``mode``, for an executor that does not say itself.
 
     An executor answers with a classmethod ``trainer_mode_problem(config, mode)`` (the Ray executor's). The
@@ -140,8 +139,8 @@ class AsyncSource(StepSource):
     def check(cls, config: AsyncConfig, *, mode: str, algorithm: str, generates: bool, off_policy: bool,
               executor: Any, executor_config: Any) -> None:
         check_stale_samples(mode=mode, algorithm=algorithm, generates=generates, off_policy=off_policy)
-        problem = getattr(executor, "trainer_mode_problem", None)
-        problem = (problem or partial(_trainer_mode_problem, executor))(executor_config, mode)
+        ask = getattr(executor, "trainer_mode_problem", None)
+        problem = ask(executor_config, mode) if ask else _trainer_mode_problem(executor, mode)
         if problem:
             raise ConfigError("trainer.mode", problem)
 
