@@ -65,6 +65,18 @@ class TextReset(_Env):
         return "what is 1+1?"
 
 
+class NoBudget(_Env):
+    """An episode runner that loses the response budget Dr. GRPO's loss divides by."""
+    def result(self):
+        return StepResult(observation=None, reward=1.0, done=True)
+
+    @classmethod
+    def run_episodes(cls, *args, **kwargs):
+        batch = super().run_episodes(*args, **kwargs)
+        del batch.info["max_new_tokens"]
+        return batch
+
+
 class NanScorer(RewardManager):
     def score(self, batch):
         scores, metrics = super().score(batch)
@@ -82,7 +94,7 @@ class OutOfVocab(HFRollout):
 ENTRY_POINTS = {
     "verl.environments": {"nan_reward": "NanReward", "string_reward": "StringReward", "word_reward": "WordReward",
                           "dict_reward": "DictReward", "text_observation": "TextObservation",
-                          "text_reset": "TextReset"},
+                          "text_reset": "TextReset", "no_budget": "NoBudget"},
     "verl.scorers": {"nan_scorer": "NanScorer"},
     "verl.rollouts": {"out_of_vocab": "OutOfVocab"},
     "verl.plugin_api": {"v3": "unused"},
@@ -128,6 +140,8 @@ CASES = {
     "text_observation": (["--env", "text_observation"], "environment 'text_observation'",
                          "returned str 'try again' as the observation"),
     "text_reset": (["--env", "text_reset"], "environment 'text_reset'", "returned str 'what is 1+1?' from reset()"),
+    "no_budget": (["--env", "no_budget"], "environment 'no_budget' (verl-broken-plugins 1.0)",
+                  "returned NoneType None as the batch's info['max_new_tokens'] at step 1"),
     "nan_scorer": (["reward.scorer=nan_scorer"], "scorer 'nan_scorer' (verl-broken-plugins 1.0)",
                    "gave a non-finite reward (nan) at step 1, row 1"),
     "out_of_vocab": (["--rollout", "out_of_vocab"], "rollout 'out_of_vocab' (verl-broken-plugins 1.0)",

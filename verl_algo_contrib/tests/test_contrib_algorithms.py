@@ -231,6 +231,9 @@ def test_constant_length_normalisation_divides_by_the_response_budget(cls):
     old = torch.full((3, 2), -1.0)
     lp = old + torch.tensor([[0.3, -0.2], [0.5, 0.0], [-0.4, 0.1]])
     b = b.replace(advantages=adv, old_log_probs=old)
+    with pytest.raises(ValueError, match="max_new_tokens"):  # the width (2) would change with each micro-batch
+        alg.policy_loss(batch=b, log_probs=lp, entropy=None)
+    b.info["max_new_tokens"] = 2
     by_width, _ = alg.policy_loss(batch=b, log_probs=lp, entropy=None)
     b.info["max_new_tokens"] = 8
     by_budget, _ = alg.policy_loss(batch=b, log_probs=lp, entropy=None)

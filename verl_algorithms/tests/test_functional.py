@@ -99,7 +99,13 @@ def test_dual_clip_bounds_negative_advantage_loss():
 def test_loss_aggregation_modes(mode, expected):
     loss = torch.tensor([[1.0, 2.0, 7.0, 7.0], [3.0, 7.0, 7.0, 7.0]])
     mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])
-    assert F.agg_loss(loss, mask, mode).item() == pytest.approx(expected)
+    assert F.agg_loss(loss, mask, mode, norm_length=4).item() == pytest.approx(expected)
+
+
+def test_the_constant_length_mode_refuses_to_divide_by_the_width():
+    # A backend trims each micro-batch's padding, so the width would change the gradient with the cut (issue #30's bug).
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        F.agg_loss(torch.ones(2, 4), torch.ones(2, 4), "seq-mean-token-sum-norm")
 
 
 def test_kl_estimators_by_hand():
@@ -206,11 +212,11 @@ def test_seq_mean_token_sum_norm_divides_by_the_recorded_budget():
     batch = make_batch(batch_size=2, group_size=2, response_length=4, tool_tokens=False, advantages=True)
     cfg = GRPOConfig(loss_agg_mode="seq-mean-token-sum-norm")
     lp = batch.old_log_probs.clone()  # ratio 1: the loss is -sum(A) per sequence / length, mean over sequences
-    width, _ = F.ppo_policy_loss(cfg, batch=batch, log_probs=lp, entropy=None)
+    with pytest.raises(ValueError, match="records none"):
+        F.ppo_policy_loss(cfg, batch=batch.replace(info={}), log_probs=lp, entropy=None)
     budget, _ = F.ppo_policy_loss(cfg, batch=batch.replace(info={**batch.info, "max_new_tokens": 16}), log_probs=lp,
                                   entropy=None)
     per_seq = -(batch.advantages * batch.response_mask).sum(-1)
-    torch.testing.assert_close(width, per_seq.sum() / 4 / 2)
     torch.testing.assert_close(budget, per_seq.sum() / 16 / 2)
 
 

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from verl_core.batch import Batch
 from verl_core.boundary import (Boundary, PluginOutputError, check_advantages, check_messages, check_prompt_rows,
-                                check_scores, check_step_result, finite_rows)
+                                check_response_budget, check_scores, check_step_result, finite_rows)
 from verl_core.contracts import PromptIds, RolloutOutput, StepResult
 
 ENV = "environment 'calc' (my-env 0.1)"
@@ -127,3 +128,16 @@ def test_a_non_finite_advantage_on_a_loss_token_stops_naming_the_algorithm():
     message = fails(check_advantages, adv, mask, source="algorithm 'mine'", step=2, match="non-finite advantage")
     assert "step 2, row 1, token 0" in message
     fails(check_advantages, adv[:, :2], mask, source="algorithm 'mine'", step=2, match="shape")
+
+
+@pytest.mark.parametrize("budget,match", [(None, "NoneType None"), (3, "int 3"), ("8", "str '8'"), (True, "bool True")])
+def test_an_episode_batch_must_record_a_response_budget_no_smaller_than_its_responses(budget, match):
+    """Dr. GRPO's loss divides by the budget; without one it would divide by each trimmed micro-batch's width."""
+    batch = Batch(prompt_ids=torch.ones(2, 2, dtype=torch.long), prompt_mask=torch.ones(2, 2, dtype=torch.long),
+                  response_ids=torch.ones(2, 4, dtype=torch.long), response_attention_mask=torch.ones(2, 4, dtype=torch.long),
+                  response_mask=torch.ones(2, 4, dtype=torch.long), group_ids=torch.zeros(2, dtype=torch.long))
+    check_response_budget(batch.replace(info={"max_new_tokens": 4}), source=ENV, step=3)
+    info = {} if budget is None else {"max_new_tokens": budget}
+    message = fails(check_response_budget, batch.replace(info=info), source=ENV, step=3,
+                    match=f"{match} as the batch's info\\['max_new_tokens'\\] at step 3")
+    assert message.startswith(ENV) and "responses' width (4)" in message

@@ -108,7 +108,9 @@ REPO = CORE.parents[2]
 #: 5,771: the in-process executor, an implementation of the executor contract, moved to verl-executor-local
 #: (-62: executor_local.py -63, +1 install hint); executor.name = "local" stays the default.
 #: 5,772 (+1): Range compares with the operator module (an int value against a fractional bound was refused).
-CORE_LINE_BUDGET = 5_772
+#: 5,783 (+11): the rollout stage checks that an environment's episode batch records its response budget
+#: (boundary.check_response_budget): Dr. GRPO's loss divides by it, and without it divided by each micro-batch's width.
+CORE_LINE_BUDGET = 5_783
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

@@ -56,6 +56,8 @@ def test_masks_tokens_and_rewards_on_real_trajectories(engine: Any) -> None:
     batch = Echo.run_episodes(engine, _rows(), SamplingParams(n=2, max_new_tokens=6, seed=3),
                               functools.partial(Echo, config), config, pad_id=tok.pad_token_id, metrics=metrics)
     assert len(batch) == 6 and metrics["env/template_mismatch"] == 0
+    # The trajectories' budget, not the batch's width: what Dr. GRPO's loss divides by, however a backend cuts it.
+    assert batch.info["max_new_tokens"] == 120 >= batch.response_length
     for i in range(len(batch)):
         ids = batch.response_ids[i][batch.response_attention_mask[i].bool()].tolist()
         mask = batch.response_mask[i][: len(ids)].tolist()
@@ -82,6 +84,7 @@ def test_model_tokens_are_kept_as_sampled(engine: Any) -> None:
     tok = engine.tokenizer
     batch = run_episodes(engine, _rows(2), SamplingParams(n=1, max_new_tokens=6, seed=1), Echo,
                          EnvironmentConfig(max_turns=3), pad_id=tok.pad_token_id)
+    assert batch.info["max_new_tokens"] == 6 * 3  # no max_response_tokens: max_new_tokens per turn, max_turns turns
     model = AutoModelForCausalLM.from_pretrained(engine.model.path, torch_dtype=torch.float32)
     for i in range(len(batch)):
         prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()

@@ -315,7 +315,8 @@ def vanilla_pg_loss(log_probs: torch.Tensor, advantages: torch.Tensor, response_
 
     ``norm_length`` here and in the other losses is :func:`~verl_algorithms.functional.agg_loss`'s:
     the constant ``seq-mean-token-sum-norm`` divides by (pass the batch's ``info["max_new_tokens"]``,
-    as verl-algorithms' PPO loss does; the default, the tensor's width, changes with each micro-batch).
+    as verl-algorithms' PPO loss does; without it that mode raises, since the tensor's width changes with
+    each micro-batch).
     """
     mask = response_mask.to(log_probs.dtype)
     loss = -advantages * log_probs

@@ -109,7 +109,9 @@ def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_length: 
         ``seq-mean-token-sum``: sum within each sequence, mean over sequences.
         ``seq-mean-token-mean``: mean within each sequence, mean over sequences (original GRPO).
         ``seq-mean-token-sum-norm``: sum within each sequence divided by a constant length
-            (``norm_length``, default the response width), mean over sequences (Dr. GRPO).
+            (``norm_length``: the rollout's response budget, ``batch.info["max_new_tokens"]``), mean over
+            sequences (Dr. GRPO). Without it this mode raises: the tensor's width would change with every
+            micro-batch a backend trims, and the gradient with it.
     """
     mask = mask.to(loss.dtype)
     if mode == "token-mean":
@@ -121,7 +123,11 @@ def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_length: 
     elif mode == "seq-mean-token-mean":
         per_seq = masked_sum(loss, mask, -1) / mask.sum(-1).clamp(min=1.0)
     elif mode == "seq-mean-token-sum-norm":
-        per_seq = masked_sum(loss, mask, -1) / float(norm_length or loss.shape[-1])
+        if not norm_length:
+            raise ValueError("loss_agg_mode 'seq-mean-token-sum-norm' divides by the response budget, "
+                             "batch.info['max_new_tokens'], and this batch records none (the run's rollout stage "
+                             "and environments record it); set it, or choose another loss_agg_mode")
+        per_seq = masked_sum(loss, mask, -1) / float(norm_length)
     else:
         raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; use one of {sorted(LOSS_AGG_MODES)}")
     return (per_seq * seq_valid).sum() / n_seq
@@ -300,8 +306,8 @@ def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
                     entropy: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
     """The full actor loss: PPO-clip, plus KL-to-reference loss and entropy bonus when enabled.
 
-    ``seq-mean-token-sum-norm`` divides by the rollout's response budget when the batch records
-    it (``info["max_new_tokens"]``): a constant, as Dr. GRPO prescribes, not the batch's width.
+    ``seq-mean-token-sum-norm`` divides by the rollout's response budget, which the batch records
+    (``info["max_new_tokens"]``): a constant, as Dr. GRPO prescribes, not the batch's width.
     """
     mask = batch.response_mask
     weights, is_metrics = rollout_is_weights(config, batch)
@@ -315,12 +321,12 @@ def ppo_policy_loss(config: Any, *, batch: Batch, log_probs: torch.Tensor,
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                        response_mask: torch.Tensor, *, clip: float, agg_mode: str = "token-mean",
-                       ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO value loss: ``0.5 * max((v - R)^2, (clip(v) - R)^2)``."""
+                       norm_length: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO value loss: ``0.5 * max((v - R)^2, (clip(v) - R)^2)``, aggregated as :func:`agg_loss`."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     loss = 0.5 * torch.maximum((values - returns).square(), (clipped - returns).square())
     mask = response_mask.to(loss.dtype)
-    out = agg_loss(loss, mask, agg_mode)
+    out = agg_loss(loss, mask, agg_mode, norm_length=norm_length)
     frac = masked_mean(((values - returns).square() < (clipped - returns).square()).float(), mask)
     return out, {"critic/value_loss": float(out.detach()), "critic/clip_frac": float(frac),
                  "critic/values_mean": float(masked_mean(values.detach(), mask))}

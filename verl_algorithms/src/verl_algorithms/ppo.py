@@ -55,4 +55,5 @@ class PPO(PolicyGradient):
 
     def value_loss(self, *, batch: Batch, values: torch.Tensor | None = None, log_probs=None, entropy=None):
         return F.clipped_value_loss(values, batch.values, batch.returns, batch.response_mask,
-                                    clip=self.config.value_clip, agg_mode=self.config.loss_agg_mode)
+                                    clip=self.config.value_clip, agg_mode=self.config.loss_agg_mode,
+                                    norm_length=batch.info.get("max_new_tokens"))

@@ -23,7 +23,7 @@ import torch
 from verl_core.contracts import RolloutOutput, StepResult
 
 __all__ = ["Boundary", "PluginOutputError", "plugin_label", "check_messages", "check_step_result", "check_scores",
-           "check_rollout_output", "check_advantages", "check_prompt_rows", "finite_rows"]
+           "check_rollout_output", "check_advantages", "check_response_budget", "check_prompt_rows", "finite_rows"]
 
 
 class PluginOutputError(RuntimeError):
@@ -183,6 +183,15 @@ def check_rollout_output(output: Any, *, expected: int, vocab_size: int, source:
         raise _fail(source, f"as weight_version {where}", f"at least {last_version} (the version it reported "
                     f"before: weights never go back)", version)
     return output
+
+
+def check_response_budget(batch: Any, *, source: str, step: int) -> None:
+    """The response budget an episode batch records (``info["max_new_tokens"]``), the constant Dr. GRPO's loss
+    divides by: an int no smaller than the batch's response width."""
+    budget, width = batch.info.get("max_new_tokens"), batch.response_length
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < max(1, width):
+        raise _fail(source, f"as the batch's info['max_new_tokens'] at step {step}",
+                    f"its response budget, an int >= the responses' width ({width})", budget)
 
 
 def check_advantages(advantages: Any, response_mask: torch.Tensor, *, source: str, step: int) -> torch.Tensor:

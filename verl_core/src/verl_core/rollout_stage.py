@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from verl_core.batch import Batch, scores_to_token_rewards
-from verl_core.boundary import check_scores, finite_rows
+from verl_core.boundary import check_response_budget, check_scores, finite_rows
 from verl_core.contracts import ENV_REWARDS, PromptIds, RolloutRequest
 from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 
@@ -92,6 +92,7 @@ def _generate(ctx: "StepContext", prompts, sampling) -> Batch:
         batch = ctx.make_environment.func.run_episodes(
             ctx.rollout, prompts, sampling, ctx.make_environment, ctx.environment_config,
             pad_id=ctx.rollout.tokenizer.pad_token_id, metrics=ctx.metrics, boundary=ctx.boundary, step=ctx.step)
+        check_response_budget(batch, source=ctx.boundary.environment, step=ctx.step)
     else:
         batch = generate_batch(ctx.rollout, prompts, sampling, boundary=ctx.boundary, step=ctx.step)
     _timed_add(ctx, "timing/generate", start)

@@ -201,7 +201,7 @@ def run_episodes(engine: "RolloutEngine", prompts: Sequence[dict[str, Any]], sam
         for name in sorted({name for t in trajectories for name in t.components}):  # a reward's named parts
             scored = [t.components[name] for t in trajectories if name in t.components]
             metrics[f"reward/{name}"] = sum(scored) / len(scored)
-    return _to_batch(trajectories, sampling.n, pad_id)
+    return _to_batch(trajectories, sampling.n, pad_id, budget)
 
 
 def _start(row: dict[str, Any], make_env: Callable[[], Any], tokenizer: Any, boundary: Boundary,
@@ -291,7 +291,7 @@ def _close(env: Any) -> None:
             logger.warning("closing environment %s failed: %s", type(env).__name__, exc)
 
 
-def _to_batch(trajectories: list[_Trajectory], n: int, pad_id: int) -> Batch:
+def _to_batch(trajectories: list[_Trajectory], n: int, pad_id: int, budget: int) -> Batch:
     prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
     width = max(1, max((len(t.response) for t in trajectories), default=1))
     response_ids = right_pad([t.response for t in trajectories], pad_id, torch.long, width)
@@ -314,6 +314,7 @@ def _to_batch(trajectories: list[_Trajectory], n: int, pad_id: int) -> Batch:
               **({"multi_modal_data": [getattr(t.prompt_ids, "multi_modal_data", {}) for t in trajectories]}
                  if any(vision) else {})},
         extras={ENV_REWARDS: right_pad([t.rewards for t in trajectories], 0.0, torch.float32, width)},
-        info={"pad_token_id": pad_id},
+        # The trajectory's response budget: the constant a Dr. GRPO loss divides by, whatever the batch's width.
+        info={"pad_token_id": pad_id, "max_new_tokens": budget},
         multi_modal_inputs=vision if any(vision) else [],
     )

@@ -96,7 +96,8 @@ class Environment(abc.ABC):
                      metrics: dict[str, float] | None = None, boundary: Any = None, step: int = 0) -> Batch:
         """Run ``sampling.n`` whole trajectories per prompt row on ``engine``, one environment from
         ``make_env()`` each, within ``config``'s limits; the batch of their responses, ``response_mask``
-        0 on the environment's tokens, its rewards in ``extras[ENV_REWARDS]``. Adds ``env/...`` figures
+        0 on the environment's tokens, its rewards in ``extras[ENV_REWARDS]``, the trajectories' token
+        budget in ``info["max_new_tokens"]``. Adds ``env/...`` figures
         to ``metrics``; checks what the environments return with ``boundary``
         (:class:`~verl_core.boundary.Boundary`, which names the plugin in errors) at step ``step``.
 

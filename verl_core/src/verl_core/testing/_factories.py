@@ -61,7 +61,8 @@ def make_batch(
         seed: seed of a private generator; the global torch RNG is left alone.
 
     Returns:
-        The batch, with ``token_rewards`` derived from the scores and ``info["pad_token_id"]`` set.
+        The batch, with ``token_rewards`` derived from the scores, ``info["pad_token_id"]`` set and
+        ``info["max_new_tokens"]`` = ``response_length`` (the budget, which the longest response fills).
 
     Raises:
         ValueError: if a size is not positive or ``batch_size`` is not a multiple of ``group_size``.
@@ -119,7 +120,7 @@ def make_batch(
         scores=score_t,
         token_rewards=scores_to_token_rewards(score_t, response_mask),
         finish_reasons=["stop" if int(n) < R else "length" for n in response_lengths],
-        info={"pad_token_id": pad_id},
+        info={"pad_token_id": pad_id, "max_new_tokens": R},  # the response budget, as a rollout records it
     )
     changes: dict[str, torch.Tensor] = {}
     if old_log_probs:
