@@ -110,7 +110,9 @@ REPO = CORE.parents[2]
 #: 5,772 (+1): Range compares with the operator module (an int value against a fractional bound was refused).
 #: 5,783 (+11): the rollout stage checks that an environment's episode batch records its response budget
 #: (boundary.check_response_budget): Dr. GRPO's loss divides by it, and without it divided by each micro-batch's width.
-CORE_LINE_BUDGET = 5_783
+#: 5,784 (+1): the kit exports generate_batch and check_log_prob_gap, with which the overlapping step sources check
+#: their producer's engine after each weight sync (their batches come from older weights, which no step check sees).
+CORE_LINE_BUDGET = 5_784
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

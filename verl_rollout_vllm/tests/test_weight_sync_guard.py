@@ -68,3 +68,19 @@ def test_warn_mode_keeps_training_and_records_the_gap(tmp_path):
     gaps = [json.loads(line).get("rollout/log_prob_diff_mean") for line in (tmp_path / "metrics.jsonl").open()]
     gaps = [g for g in gaps if g is not None]
     assert len(gaps) == 3 and gaps[2] > 1e-3 > max(gaps[:2])
+
+
+def test_partial_rollouts_check_the_engine_right_after_each_sync(tmp_path):
+    """A partial step trains carried samples of older weights, which its own check skips; the engine is checked
+    right after each sync instead, so a corrupt sync stops the run before anything samples from it."""
+    from verl_core.rollout_utils import WeightSyncError
+
+    trainer = _trainer(tmp_path, **{"trainer.mode": '"partial"', "trainer.token_budget": 2})
+    trainer.setup()
+    _corrupt_from_step(trainer, 2)
+    with pytest.raises(WeightSyncError, match="RL step 3: .* since the weight sync after step 2"):
+        trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    trained = [r for r in rows if "actor/grad_norm" in r]
+    # Step 2 trained, then its closing sync was checked: the run stopped there, before step 2 was reported.
+    assert [r["step"] for r in trained] == [1] and trained[0]["rollout/log_prob_diff_mean"] < 1e-5

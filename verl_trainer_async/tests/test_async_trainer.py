@@ -159,6 +159,49 @@ def test_the_producer_engine_samples_from_the_published_weights_not_its_initial_
     assert any(not torch.equal(initial[name], own[name]) for name in own)
 
 
+def test_the_producers_engine_is_checked_on_the_weights_each_batch_comes_from(tmp_path: Path) -> None:
+    """Every batch of one-step off-policy training comes from older weights, and step 1 reuses the update's own
+    log-probs, so the step's own check never runs; the producer's engine is checked when it starts and right
+    after each update instead (trainer.sync_check_every)."""
+    healthy = trainer(tmp_path, "trainer.mode='colocate_async'", "trainer.producer='thread'", steps=3)
+    steps = _Steps(healthy)
+    healthy.train()
+    # Each step reports the check of the weights its successors come from (the thread producer's HF copy: fp32).
+    assert [m["async/staleness"] for m in steps.metrics] == [0.0, 1.0, 1.0]
+    assert all(m["rollout/log_prob_diff_mean"] < 1e-5 for m in steps.metrics)
+
+
+@pytest.mark.parametrize("clean_loads, match, trained_steps", [
+    (0, "at RL step 1: .* since its start", 0),  # version 0, loaded when the producer starts
+    (1, "at RL step 2: .* since the weight sync after step 1", 0),  # raised at the end of step 1: version 1 trains nothing
+])
+def test_a_broken_sync_to_the_producers_engine_stops_the_run_before_its_weights_train(
+        tmp_path: Path, clean_loads: int, match: str, trained_steps: int) -> None:
+    from verl_core.kit import WeightSyncError
+
+    t = trainer(tmp_path, "trainer.mode='colocate_async'", "trainer.producer='thread'", steps=3)
+    t.setup()
+    engine = t.source.producer.engine
+    load, loads = engine.load_weights, []
+
+    def corrupt(weights: list[tuple[str, torch.Tensor]]) -> None:
+        loads.append(1)
+        load([(name, tensor * (1.0 if len(loads) <= clean_loads else 1.1)) for name, tensor in weights])
+
+    engine.load_weights = corrupt
+    trained = _Steps(t)
+    with pytest.raises(WeightSyncError, match=match):
+        t.train()
+    assert len(trained.metrics) == trained_steps
+    # Off, the same corrupt engine trains silently: what the check is for.
+    off = trainer(tmp_path / "off", "trainer.mode='colocate_async'", "trainer.producer='thread'",
+                  "trainer.sync_check_every=0", steps=3)
+    off.setup()
+    off.source.producer.engine.load_weights = lambda weights, load=off.source.producer.engine.load_weights: load(
+        [(name, tensor * 1.1) for name, tensor in weights])
+    assert "rollout/log_prob_diff_mean" not in off.train()
+
+
 def test_the_producer_engine_is_built_on_the_device_the_runs_engine_generates_on(tmp_path: Path,
                                                                                   monkeypatch: Any) -> None:
     """A CUDA trainer's producer copy left on the CPU would generate there, silently. Here the actor is on the CPU,

@@ -24,8 +24,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "BASELINE": ("verl_core.rollout_stage", "BASELINE"),
     "run_rollout_stage": ("verl_core.rollout_stage", "run"),
     "produce_rollout": ("verl_core.rollout_stage", "produce"),
-    **{n: ("verl_core.rollout_utils", n) for n in ("sync_rollout_weights", "WeightSyncError", "left_pad",
-                                                   "right_pad", "build_batch", "run_guard_limit")},
+    **{n: ("verl_core.rollout_utils", n) for n in ("sync_rollout_weights", "WeightSyncError", "left_pad", "right_pad",
+                                                   "build_batch", "run_guard_limit", "generate_batch",
+                                                   "check_log_prob_gap")},
     **{n: ("verl_core.assembly", n) for n in ("OBJECT_PREFIX",)},
 }
 

@@ -241,12 +241,12 @@ class HostedEngine(RolloutEngine):
     def _exchange(self, op: str, args: tuple, *, forking: bool, timeout: float | None) -> Any:
         """Send one call and wait for its answer (lock held)."""
         message = (op, args)
-        if forking:  # shared-memory tensors travel as handles (torch's reductions)
-            self._conn.send(message)
-        else:  # everything else by value: no file descriptors to keep alive for small messages
-            self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        try:  # a child that died before the call breaks the pipe on sending (BrokenPipeError: an OSError)
+            if forking:  # shared-memory tensors travel as handles (torch's reductions)
+                self._conn.send(message)
+            else:  # everything else by value: no file descriptors to keep alive for small messages
+                self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
             while not self._conn.poll(_POLL_S):
                 if not self._proc.is_alive():
                     raise RuntimeError(f"the rollout process of {self.engine_name} (pid {self._proc.pid}) died "

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 from verl_core.contracts import ConfigError, RolloutOutput, SamplingParams, SourcedStep, StepSource
 from verl_core.kit import produce_rollout, sync_rollout_weights
-from verl_trainer_async.source import check_stale_samples, stale_sample_defaults
+from verl_trainer_async.source import check_engine_sync, check_stale_samples, stale_sample_defaults
 
 __all__ = ["PARTIAL_FILE", "PartialConfig", "PartialSource"]
 
@@ -154,6 +154,7 @@ class PartialSource(StepSource):
                                               "'colocate_async' with [environment]")
         #: Prompt groups drawn and not trained yet, in the order they were drawn.
         self.pool: list[_Group] = []
+        self._sync_metrics: dict[str, float] = {}  # the last check of the engine's weights, for the next step
         if resumed is not None and (resumed[0] / PARTIAL_FILE).is_file():
             saved = json.loads((resumed[0] / PARTIAL_FILE).read_text())
             self.pool = [_Group.from_state(g) for g in saved["groups"]]
@@ -200,8 +201,9 @@ class PartialSource(StepSource):
             "partial/resumed_samples": float(sum(len(s.segments) > 1 for s in samples)),
             "partial/stale_token_frac": stale_tokens / max(1, trained_tokens),
             "partial/carried_samples": float(sum(len(s.tokens) > 0 for s in unfinished)),
-            "partial/pool_groups": float(len(self.pool)),
+            "partial/pool_groups": float(len(self.pool)), **self._sync_metrics,
         })
+        self._sync_metrics = {}
         return SourcedStep(prompts=rows, indices=[g.index for g in take] + list(t._drawn), produced=batch,
                            staleness=version - min(versions), metrics=metrics)
 
@@ -243,8 +245,16 @@ class PartialSource(StepSource):
                 s.finish = "length"
         return generated
 
+    def start(self) -> None:
+        # A batch with carried samples is stale and its step's own check skips it: the engine is checked
+        # on the weights it starts from here, and after each sync below.
+        if self.trainer.step < self.trainer.max_steps:
+            self._sync_metrics = check_engine_sync(self.trainer, self.trainer.rollout, self.trainer.step)
+
     def after_update(self, step: int) -> None:
         sync_rollout_weights(self.trainer.rollout, self.trainer.actor)
+        if step < self.trainer.max_steps:
+            self._sync_metrics = check_engine_sync(self.trainer, self.trainer.rollout, step)
 
     # -------------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:

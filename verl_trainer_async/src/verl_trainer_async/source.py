@@ -19,19 +19,22 @@ import torch
 
 from verl_core.config import CORE_SECTIONS
 from verl_core.contracts import SourcedStep, StepSource, WorldInfo
-from verl_core.kit import produce_rollout
+from verl_core.kit import check_log_prob_gap, generate_batch, produce_rollout
 from verl_core.contracts import ConfigError
 from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                          snapshot_weights, with_version)
 
-__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "check_stale_samples", "generation_device",
-           "stale_sample_defaults"]
+__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "check_engine_sync", "check_stale_samples",
+           "generation_device", "stale_sample_defaults"]
 
 #: The truncated importance-sampling cap stale samples are weighed with, unless the algorithm section sets
 #: ``rollout_is_cap`` (0 turns it off). Measured in bench/results/async_curves.md: without it, one-step
 #: off-policy GRPO on the built-in task ended 9 points below sync over 3 seeds; with it, level.
 ASYNC_ROLLOUT_IS_CAP = 2.0
 PRODUCER_PLACES = ("process", "thread")
+#: The weight-sync check's greedy samples (one per training prompt) and their most tokens: enough for a
+#: broken sync to show (bench/results/weight_sync_guard.md), cheap next to a step.
+SYNC_CHECK_SAMPLES, SYNC_CHECK_TOKENS = 4, 16
 
 
 @dataclass
@@ -54,12 +57,17 @@ class AsyncConfig:
             each). Engines that already generate in processes of their own (``vllm``, ``sglang``) are used
             as they are. ``separate_async`` runs the producer on the executor's rollout pool.
         producer_threads: torch threads of the producer (0: half of ``run.threads``, at least one).
+        sync_check_every: every this many updates the weight-sync guard (``rollout.max_log_prob_gap``) checks
+            the producer's engine: it loads the weights just published and a few greedy samples' log-probs are
+            compared with the actor's (:func:`check_engine_sync`). The step's own check sees only batches of
+            the current weights, and these modes train older ones. 0: off (a broken sync then trains unseen).
     """
 
     max_staleness: int = 1
     on_stale: str = "wait"
     producer: str = "process"
     producer_threads: int = 0
+    sync_check_every: int = 1
 
     def validate(self) -> None:
         if self.max_staleness < 0:
@@ -71,6 +79,8 @@ class AsyncConfig:
             raise ConfigError("producer", f"must be one of {list(PRODUCER_PLACES)}, got {self.producer!r}")
         if self.producer_threads < 0:
             raise ConfigError("producer_threads", "must be >= 0 (0: half of run.threads)")
+        if self.sync_check_every < 0:
+            raise ConfigError("sync_check_every", "must be >= 0 updates (0: never check the producer's engine)")
 
 
 def stale_sample_defaults(raw: Mapping[str, Any], registry: Any) -> tuple[dict[str, dict[str, Any]], str]:
@@ -101,6 +111,25 @@ def check_stale_samples(*, mode: str, algorithm: str, generates: bool, off_polic
                                           f"{algorithm!r} cannot (its Requirements.off_policy is false: no "
                                           f"importance ratio); use trainer.mode='sync', or an algorithm with one "
                                           f"(grpo, ppo, dapo)")
+
+
+def check_engine_sync(trainer: Any, engine: Any, step: int) -> dict[str, float]:
+    """The weight-sync guard on an ``engine`` that holds the actor's weights after update ``step`` and generates
+    the batches of later steps: greedy samples of the first training prompts, their log-probs against the
+    actor's. Over ``rollout.max_log_prob_gap`` it stops the run (:class:`~verl_core.kit.WeightSyncError`,
+    naming step ``step + 1``) before a batch of these weights trains; returns the ``rollout/log_prob_diff_*``
+    figures (``{}`` for an engine on the actor's own module, which cannot be out of sync)."""
+    if engine.shares_actor_weights:
+        return {}
+    ctx = trainer.step_context(step + 1, trainer.train_rows[:SYNC_CHECK_SAMPLES], rollout=engine)
+    sampling = dataclasses.replace(ctx.sampling, n=1, greedy=True,
+                                   max_new_tokens=min(ctx.sampling.max_new_tokens, SYNC_CHECK_TOKENS))
+    probe = generate_batch(engine, ctx.prompts, sampling, boundary=dataclasses.replace(ctx.boundary, last_version=None),
+                           step=ctx.step)
+    if probe.rollout_log_probs is None:  # an engine that returns no log-probs cannot be checked
+        return {}
+    check_log_prob_gap(ctx, trainer.actor.compute_log_probs(probe).log_probs, probe)
+    return {k: v for k, v in ctx.metrics.items() if k.startswith("rollout/log_prob_diff")}
 
 
 def generation_device(engine: Any) -> str:
@@ -182,6 +211,7 @@ class AsyncSource(StepSource):
         #: The producer's batch the last step trained on.
         self.trained: ProducedBatch | None = None
         self._pending: list[ProducedBatch] = []
+        self._sync_metrics: dict[str, float] = {}  # the last check of the producer's engine, for the next step
         self.producer = self._make_producer(buffered)
         # async/dropped_* count over the whole run, across resumes.
         self.producer.dropped_samples, self.producer.dropped_batches = drops
@@ -233,7 +263,11 @@ class AsyncSource(StepSource):
         return own(self.trainer.actor) if own else snapshot_weights(self.trainer.actor)
 
     def start(self) -> None:
-        self.producer.publish(self.trainer.step, self._snapshot())
+        t = self.trainer
+        self.producer.publish(t.step, self._snapshot())
+        if self.config.sync_check_every and t.step < t.max_steps:  # the weights the first batch comes from
+            self.producer.load_newest()  # the producer has not started: the engine is this thread's
+            self._sync_metrics = check_engine_sync(t, self.producer.engine, t.step)
         self.producer.start(torch.get_num_threads())
 
     def next(self, step: int) -> SourcedStep:
@@ -246,7 +280,8 @@ class AsyncSource(StepSource):
         metrics.update({"async/staleness": float(staleness), "async/weight_version": float(item.version),
                         "async/wait_for_batch_s": waited, "async/dropped_samples": float(producer.dropped_samples),
                         "async/dropped_batches": float(producer.dropped_batches),
-                        "async/producer_wait_s": producer.producer_wait_s})
+                        "async/producer_wait_s": producer.producer_wait_s, **self._sync_metrics})
+        self._sync_metrics = {}
         rows = self.trainer.train_rows
         batch_size = self.trainer.config.data.batch_size
         return SourcedStep(prompts=[rows[i] for i in item.prompt_indices[:batch_size]],
@@ -256,6 +291,12 @@ class AsyncSource(StepSource):
     def after_update(self, step: int) -> None:
         # A copy of the new weights, which the producer loads between batches.
         self.producer.publish(step, self._snapshot())
+        every = self.config.sync_check_every
+        if every and step % every == 0 and step < self.trainer.max_steps:
+            # Between two producer batches, on the weights just published: the ones the next batches come from.
+            with self.producer.engine_lock:
+                self.producer.load_newest()
+                self._sync_metrics = check_engine_sync(self.trainer, self.producer.engine, step)
 
     @contextlib.contextmanager
     def validation(self) -> Iterator[None]:
