@@ -12,6 +12,7 @@ from verl_core.batch import Batch
 from verl_core.config import ConfigError, build_dataclass
 from verl_core.dataflow import DataflowBuilder, StepContext
 from verl_core.contracts import RolloutOutput, SamplingParams
+from verl_core.kit import DataError
 from verl_core.rollout_utils import build_batch
 from verl_core.testing import EffectHarness
 from verl_task_arithmetic.addition import build_tokenizer
@@ -384,6 +385,26 @@ def test_preference_columns_and_response_cut_are_read_from_the_data(tokenizer):
                                    {"prompt": "50+50=", "text": "10", "ok": False}])
     b = kto.build_batch(ctx_for(rows, tokenizer, kto))
     assert decoded_responses(tokenizer, b)[::2] == ["46<eos>", "10<eos>"] and b.scores.tolist()[::2] == [1.0, 0.0]
+
+
+def test_kto_labels_keep_their_value_for_the_threshold_and_a_text_label_is_refused(tokenizer):
+    # Labels were turned into bool before the threshold saw them: any threshold gave the same run, and "false" was True.
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "completion": "46", "label": 0.9},
+                                   {"prompt": "50+50=", "completion": "10", "label": 0.3}])
+    for threshold, desirable in ((0.5, [True, False]), (0.2, [True, True]), (0.95, [False, False])):
+        kto = KTO(KTOConfig(desirable_threshold=threshold))
+        b = kto.build_batch(ctx_for(rows, tokenizer, kto))
+        assert b.scores.tolist()[::2] == pytest.approx([0.9, 0.3])
+        lp = torch.zeros(b.response_ids.shape)
+        _, metrics = kto.policy_loss(batch=b.replace(ref_log_probs=lp), log_probs=lp + 0.1, entropy=None)
+        # The rewards are beta * 0.1 per token; a class with no example reports 0.
+        assert (metrics["kto/desirable_reward"] != 0, metrics["kto/undesirable_reward"] != 0) == (
+            any(desirable), not all(desirable))
+    kto = KTO(KTOConfig())
+    for bad in ("false", None, float("nan")):
+        text = prompt_rows(tokenizer, [{"prompt": "12+34=", "completion": "46", "label": bad}])
+        with pytest.raises(DataError, match="'label' column holds"):
+            kto.build_batch(ctx_for(text, tokenizer, kto))
 
 
 def test_spin_target_key_picks_the_target_column(tokenizer):

@@ -21,6 +21,8 @@ dataset that offers it builds itself: ``verl run --algo dpo`` trains on pairs de
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +30,7 @@ import torch
 
 from verl_core.batch import Batch
 from verl_core.contracts import Algorithm, AlgorithmConfig, Requirements
+from verl_core.kit import DataError
 from verl_algorithms.base import without_v1_keys
 
 from verl_algo_contrib import functional as CF
@@ -199,8 +202,9 @@ class KTOConfig(PreferenceConfig):
         undesirable_weight: ``lambda_U``, 1.0; the paper suggests keeping
             ``lambda_D n_D / (lambda_U n_U)`` within [1, 4/3] when the classes are imbalanced.
         completion_key: column with the completion of unary rows.
-        label_key: column with the unary label (true = desirable).
-        desirable_threshold: scores at or above it are desirable (1/0 labels from data).
+        label_key: column with the unary label: true/false, or a number (a graded label, compared with
+            ``desirable_threshold``); anything else (a string such as ``"false"``) stops the run.
+        desirable_threshold: labels (true = 1, false = 0) at or above it are desirable.
     """
 
     inert_fields: ClassVar[dict[str, str]] = {
@@ -237,23 +241,23 @@ class KTO(PreferenceAlgorithm):
     def build_batch(self, ctx: Any) -> Batch:
         cfg = self.config
         tok = ctx.tokenizer
-        examples: list[tuple[dict[str, Any], list[int], bool]] = []
+        examples: list[tuple[dict[str, Any], list[int], float]] = []
         for row in ctx.prompts:
             raw = row.get("raw") or {}
             if cfg.completion_key in raw:
-                label = raw_column(row, cfg.label_key, config_key="label_key")
+                label = _label_score(raw_column(row, cfg.label_key, config_key="label_key"), cfg.label_key)
                 examples.append((row, encode_response(tok, raw[cfg.completion_key],
-                                                      max_length=cfg.max_response_length), bool(label)))
+                                                      max_length=cfg.max_response_length), label))
             else:
-                for key, config_key, label in ((cfg.chosen_key, "chosen_key", True),
-                                               (cfg.rejected_key, "rejected_key", False)):
+                for key, config_key, label in ((cfg.chosen_key, "chosen_key", 1.0),
+                                               (cfg.rejected_key, "rejected_key", 0.0)):
                     value = raw_column(row, key, config_key=config_key)
                     examples.append((row, encode_response(tok, value, max_length=cfg.max_response_length), label))
         n = len(examples)
         # Each example's partner row pairs its prompt with the next example's completion: a
         # mismatched pair whose log-ratio estimates KL(pi || pi_ref) without the label's signal.
         responses = [(ids, examples[(i + 1) % n][1]) for i, (_, ids, _) in enumerate(examples)]
-        scores = [(1.0 if label else 0.0, 0.0) for _, _, label in examples]
+        scores = [(label, 0.0) for _, _, label in examples]  # desirable_threshold decides in the loss
         kl_rows = [(0.0, 1.0 if n > 1 else 0.0) for _ in examples]
         return two_row_groups([row for row, _, _ in examples], responses, scores=scores, pad_id=_pad_id(tok),
                               eos_id=tok.eos_token_id, extras={"kl_row": kl_rows})
@@ -283,6 +287,16 @@ class KTO(PreferenceAlgorithm):
             "kto/desirable_reward": float(rewards[good].mean()) if good.any() else 0.0,
             "kto/undesirable_reward": float(rewards[~good].mean()) if (~good).any() else 0.0,
         }
+
+
+def _label_score(label: Any, column: str) -> float:
+    """A unary row's label as its score: true/false as 1/0, a number as it is; never a guess from a string."""
+    if hasattr(label, "item") and not isinstance(label, (str, bytes)):  # a numpy or torch scalar
+        label = label.item()
+    if isinstance(label, numbers.Real) and math.isfinite(float(label)):
+        return float(label)  # bool is a Real: True -> 1.0
+    raise DataError(f"the training data's {column!r} column holds {type(label).__name__} {label!r}; a KTO label is "
+                    f"true/false or a finite number (at or above algorithm.desirable_threshold: desirable)")
 
 
 # ----------------------------------------------------------------------------- ORPO
