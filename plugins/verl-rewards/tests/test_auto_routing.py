@@ -45,3 +45,16 @@ def test_auto_routes_a_data_source_to_the_reward_that_claims_it(registry) -> Non
     assert resolve_data_source("Org/Set-A", registry=registry, aliases={"Org/Set-A": "plain"}) == "plain"
     with pytest.raises(RewardSpecError, match="no reward for data_source 'other'"):
         resolve_data_source("other", registry=registry)
+
+
+def test_options_for_an_installed_reward_the_run_does_not_use_are_refused(registry) -> None:
+    # They were accepted and never read: the run's data routes to `claims`, so `plain` never loads.
+    from verl_rewards import RewardConfig
+    from verl_rewards.manager import RewardManager
+
+    config = RewardConfig(options={"plain": {"scale": 2.0}}, isolation="none")
+    with pytest.raises(RewardSpecError, match=r"reward.options.plain: this run scores with no 'plain' reward "
+                                              r"\(its data uses \['claims'\]\)"):
+        RewardManager(registry=registry, data_sources=["Org/Set-A"], config=config)
+    # Before the data's sources are known, an installed reward's name is all there is to check.
+    RewardManager(registry=registry, config=config).close()

@@ -91,8 +91,10 @@ class RewardManager(RewardScorer):
             path = f"reward.components[{i}].name" if self.config.components else "reward.name"
             if component.name not in ("auto", REWARD_MODEL_COMPONENT):
                 self._reward(component.name, path=path)
+        data_sources = set(data_sources)
         self.check_data_sources(data_sources)
-        self._check_options()
+        # Every reward of the run is resolved now when its data_sources are known (or none is picked by them).
+        self._check_options(complete=bool(data_sources) or not self.uses_auto)
 
     # ------------------------------------------------------------------ resolution
     @property
@@ -118,14 +120,22 @@ class RewardManager(RewardScorer):
                                              path=path)
         return self._loaded[spec]
 
-    def _check_options(self) -> None:
-        known = set(self.registry.names("reward")) | {r.label for r in self._loaded.values()}
+    def _check_options(self, *, complete: bool) -> None:
+        """Each ``reward.options`` key names a reward; when ``complete``, one this run scores with (options for
+        another installed reward would be accepted and change nothing)."""
+        used = {r.label for r in self._loaded.values()}
+        known = set(self.registry.names("reward")) | used
         for key in self.config.options:
             if key not in known:
                 close = difflib.get_close_matches(key, sorted(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise RewardSpecError(f"reward.options.{key}",
                                       f"no reward named {key!r}{hint}; rewards: {sorted(known)}")
+            if complete and key not in used:
+                raise RewardSpecError(f"reward.options.{key}",
+                                      f"this run scores with no {key!r} reward (its data uses {sorted(used)}), so "
+                                      f"these settings would change nothing; remove them, or route a data_source "
+                                      f"to it (reward.aliases)")
 
     # ------------------------------------------------------------------ reward model
     def reward_model_path(self) -> str | None:
