@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import pytest
@@ -389,7 +390,7 @@ def test_preference_columns_and_response_cut_are_read_from_the_data(tokenizer):
 
 def test_kto_labels_keep_their_value_for_the_threshold_and_a_text_label_is_refused(tokenizer):
     # Labels were turned into bool before the threshold saw them: any threshold gave the same run, and "false" was True.
-    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "completion": "46", "label": 0.9},
+    rows = prompt_rows(tokenizer, [{"prompt": "12+34=", "completion": "46", "label": decimal.Decimal("0.9")},
                                    {"prompt": "50+50=", "completion": "10", "label": 0.3}])
     for threshold, desirable in ((0.5, [True, False]), (0.2, [True, True]), (0.95, [False, False])):
         kto = KTO(KTOConfig(desirable_threshold=threshold))

@@ -72,7 +72,7 @@ def test_warn_mode_keeps_training_and_records_the_gap(tmp_path):
 
 def test_partial_rollouts_check_the_engine_right_after_each_sync(tmp_path):
     """A partial step trains carried samples of older weights, which its own check skips; the engine is checked
-    right after each sync instead, so a corrupt sync stops the run before anything samples from it."""
+    right after each sync instead, so a corrupt sync stops the run before anything trains on what it samples."""
     from verl_core.rollout_utils import WeightSyncError
 
     trainer = _trainer(tmp_path, **{"trainer.mode": '"partial"', "trainer.token_budget": 2})
@@ -82,5 +82,6 @@ def test_partial_rollouts_check_the_engine_right_after_each_sync(tmp_path):
         trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     trained = [r for r in rows if "actor/grad_norm" in r]
-    # Step 2 trained, then its closing sync was checked: the run stopped there, before step 2 was reported.
-    assert [r["step"] for r in trained] == [1] and trained[0]["rollout/log_prob_diff_mean"] < 1e-5
+    # Step 2 trained and was reported and saved; the check of its closing sync stopped step 3 before it trained.
+    assert [r["step"] for r in trained] == [1, 2] and trained[1]["rollout/log_prob_diff_mean"] < 1e-5
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))[-1] == "step_000002"

@@ -173,7 +173,7 @@ def test_the_producers_engine_is_checked_on_the_weights_each_batch_comes_from(tm
 
 @pytest.mark.parametrize("clean_loads, match, trained_steps", [
     (0, "at RL step 1: .* since its start", 0),  # version 0, loaded when the producer starts
-    (1, "at RL step 2: .* since the weight sync after step 1", 0),  # raised at the end of step 1: version 1 trains nothing
+    (1, "at RL step 2: .* since the weight sync after step 1", 1),  # step 1 is reported; step 2 never trains
 ])
 def test_a_broken_sync_to_the_producers_engine_stops_the_run_before_its_weights_train(
         tmp_path: Path, clean_loads: int, match: str, trained_steps: int) -> None:

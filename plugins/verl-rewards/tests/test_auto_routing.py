@@ -54,7 +54,7 @@ def test_options_for_an_installed_reward_the_run_does_not_use_are_refused(regist
 
     config = RewardConfig(options={"plain": {"scale": 2.0}}, isolation="none")
     with pytest.raises(RewardSpecError, match=r"reward.options.plain: this run scores with no 'plain' reward "
-                                              r"\(its data uses \['claims'\]\)"):
+                                              r"\(it scores with \['claims'\]\)"):
         RewardManager(registry=registry, data_sources=["Org/Set-A"], config=config)
     # Before the data's sources are known, an installed reward's name is all there is to check.
     RewardManager(registry=registry, config=config).close()

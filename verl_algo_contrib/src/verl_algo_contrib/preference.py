@@ -21,6 +21,7 @@ dataset that offers it builds itself: ``verl run --algo dpo`` trains on pairs de
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 from dataclasses import dataclass
@@ -293,8 +294,8 @@ def _label_score(label: Any, column: str) -> float:
     """A unary row's label as its score: true/false as 1/0, a number as it is; never a guess from a string."""
     if hasattr(label, "item") and not isinstance(label, (str, bytes)):  # a numpy or torch scalar
         label = label.item()
-    if isinstance(label, numbers.Real) and math.isfinite(float(label)):
-        return float(label)  # bool is a Real: True -> 1.0
+    if isinstance(label, (numbers.Real, decimal.Decimal)) and math.isfinite(float(label)):
+        return float(label)  # bool is a Real: True -> 1.0; pyarrow reads decimal columns as Decimal
     raise DataError(f"the training data's {column!r} column holds {type(label).__name__} {label!r}; a KTO label is "
                     f"true/false or a finite number (at or above algorithm.desirable_threshold: desirable)")
 

@@ -189,7 +189,7 @@ def check_response_budget(batch: Any, *, source: str, step: int) -> None:
     """The response budget an episode batch records (``info["max_new_tokens"]``), the constant Dr. GRPO's loss
     divides by: an int no smaller than the batch's response width."""
     budget, width = batch.info.get("max_new_tokens"), batch.response_length
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < max(1, width):
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < max(1, width):
         raise _fail(source, f"as the batch's info['max_new_tokens'] at step {step}",
                     f"its response budget, an int >= the responses' width ({width})", budget)
 

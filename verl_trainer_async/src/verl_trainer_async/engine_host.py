@@ -255,6 +255,8 @@ class HostedEngine(RolloutEngine):
                     raise TimeoutError(f"the rollout process of {self.engine_name} did not answer {op!r} within "
                                        f"{timeout:.0f} s")
             status, value = self._conn.recv()
+        except TimeoutError:  # an OSError too, but the child is alive: not a closed pipe
+            raise
         except (EOFError, OSError) as exc:
             self._proc.join(5.0)
             raise RuntimeError(f"the rollout process of {self.engine_name} (pid {self._proc.pid}) closed its "

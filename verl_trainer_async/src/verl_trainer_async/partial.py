@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from verl_core.contracts import ConfigError, RolloutOutput, SamplingParams, SourcedStep, StepSource
-from verl_core.kit import produce_rollout, sync_rollout_weights
+from verl_core.kit import WeightSyncError, produce_rollout, sync_rollout_weights
 from verl_trainer_async.source import check_engine_sync, check_stale_samples, stale_sample_defaults
 
 __all__ = ["PARTIAL_FILE", "PartialConfig", "PartialSource"]
@@ -62,14 +62,20 @@ class PartialConfig:
             after it (no stop token, under ``rollout.max_new_tokens``) is carried into the next round, and
             into the next step once ``data.batch_size`` groups have finished. Smaller: shorter steps, more
             stale tokens; at ``rollout.max_new_tokens`` or above, every sample ends in one round (sync).
+        sync_check_every: every this many syncs the weight-sync guard checks the engine, as in the overlapping
+            modes (:func:`~verl_trainer_async.source.check_engine_sync`): a step with carried samples is stale,
+            and its own check skips it. 0: off.
     """
 
     token_budget: int = 32
+    sync_check_every: int = 1
 
     def validate(self) -> None:
         if self.token_budget < 1:
             raise ConfigError("token_budget", f"must be at least 1 token per sample and round (the step's "
                                               f"generation budget), got {self.token_budget}")
+        if self.sync_check_every < 0:
+            raise ConfigError("sync_check_every", "must be >= 0 updates (0: never check the engine's weights)")
 
 
 @dataclass
@@ -155,12 +161,15 @@ class PartialSource(StepSource):
         #: Prompt groups drawn and not trained yet, in the order they were drawn.
         self.pool: list[_Group] = []
         self._sync_metrics: dict[str, float] = {}  # the last check of the engine's weights, for the next step
+        self._sync_error: Exception | None = None  # a failed check, raised when the next step starts
         if resumed is not None and (resumed[0] / PARTIAL_FILE).is_file():
             saved = json.loads((resumed[0] / PARTIAL_FILE).read_text())
             self.pool = [_Group.from_state(g) for g in saved["groups"]]
 
     # -------------------------------------------------------------------- the step
     def next(self, step: int) -> SourcedStep:
+        if self._sync_error is not None:
+            raise self._sync_error
         t = self.trainer
         rc = t.config.rollout.config
         want = t.config.data.batch_size
@@ -248,13 +257,20 @@ class PartialSource(StepSource):
     def start(self) -> None:
         # A batch with carried samples is stale and its step's own check skips it: the engine is checked
         # on the weights it starts from here, and after each sync below.
-        if self.trainer.step < self.trainer.max_steps:
-            self._sync_metrics = check_engine_sync(self.trainer, self.trainer.rollout, self.trainer.step)
+        self._check_sync(self.trainer.step)
 
     def after_update(self, step: int) -> None:
         sync_rollout_weights(self.trainer.rollout, self.trainer.actor)
-        if step < self.trainer.max_steps:
-            self._sync_metrics = check_engine_sync(self.trainer, self.trainer.rollout, step)
+        if step % max(1, self.config.sync_check_every) == 0:
+            self._check_sync(step)
+
+    def _check_sync(self, step: int) -> None:
+        """As :meth:`AsyncSource._check_sync <verl_trainer_async.source.AsyncSource>`: a failure stops the next step."""
+        if self.config.sync_check_every and step < self.trainer.max_steps:
+            try:
+                self._sync_metrics = check_engine_sync(self.trainer, self.trainer.rollout, step)
+            except (WeightSyncError, FloatingPointError) as exc:
+                self._sync_error = exc
 
     # -------------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:

@@ -26,12 +26,13 @@ than the checkpoint's (they could not be regenerated from it); a resumed run is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -139,6 +140,7 @@ class RolloutProducer:
         self._state = _State()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._trainer_waits = 0  # the trainer asked for the engine (engine_first): the producer lets it go first
 
     # ------------------------------------------------------------------ trainer side
     def restore(self, items: Sequence[ProducedBatch]) -> None:
@@ -217,6 +219,20 @@ class RolloutProducer:
                 logger.warning("the rollout producer did not stop within %.0f s; leaving it (a daemon thread)",
                                timeout)
 
+    @contextlib.contextmanager
+    def engine_first(self) -> Iterator[None]:
+        """Hold :attr:`engine_lock` before the producer's next batch. A plain lock goes to whoever asks first,
+        and the producer asks again a moment after each batch: the trainer would wait a whole batch more."""
+        with self._cond:
+            self._trainer_waits += 1
+        try:
+            with self.engine_lock:
+                yield
+        finally:
+            with self._cond:
+                self._trainer_waits -= 1
+                self._cond.notify_all()
+
     def load_newest(self) -> int:
         """Load the newest published weights into the engine (validation; hold :attr:`engine_lock`)."""
         with self._cond:
@@ -265,13 +281,14 @@ class RolloutProducer:
                     return
                 if not self._wait_until(lambda: len(self._state.buffer) < capacity):
                     return
+                # The trainer's turn on the engine (engine_first) comes before the next batch.
                 if self.on_stale == "wait":
                     need = self._needed_version(seq)
-                    if not self._wait_until(lambda need=need: self._state.latest >= need):
+                    if not self._wait_until(lambda need=need: self._state.latest >= need and not self._trainer_waits):
                         return
                     version = need
                 else:
-                    if not self._wait_until(lambda: self._state.latest >= 0):
+                    if not self._wait_until(lambda: self._state.latest >= 0 and not self._trainer_waits):
                         return
                     version = self._state.latest
                 weights = self._state.snapshots[version]

@@ -19,7 +19,7 @@ import torch
 
 from verl_core.config import CORE_SECTIONS
 from verl_core.contracts import SourcedStep, StepSource, WorldInfo
-from verl_core.kit import check_log_prob_gap, generate_batch, produce_rollout
+from verl_core.kit import WeightSyncError, check_log_prob_gap, generate_batch, produce_rollout
 from verl_core.contracts import ConfigError
 from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                          snapshot_weights, with_version)
@@ -118,9 +118,10 @@ def check_engine_sync(trainer: Any, engine: Any, step: int) -> dict[str, float]:
     the batches of later steps: greedy samples of the first training prompts, their log-probs against the
     actor's. Over ``rollout.max_log_prob_gap`` it stops the run (:class:`~verl_core.kit.WeightSyncError`,
     naming step ``step + 1``) before a batch of these weights trains; returns the ``rollout/log_prob_diff_*``
-    figures (``{}`` for an engine on the actor's own module, which cannot be out of sync)."""
-    if engine.shares_actor_weights:
-        return {}
+    figures (``{}`` where nothing could stop the run: an engine on the actor's own module or one serving fixed
+    weights on purpose, or ``rollout.max_log_prob_gap = 0``)."""
+    if engine.shares_actor_weights or not engine.follows_actor_weights or not trainer.max_log_prob_gap:
+        return {}  # it cannot be out of sync, serves fixed weights on purpose, or the guard is off
     ctx = trainer.step_context(step + 1, trainer.train_rows[:SYNC_CHECK_SAMPLES], rollout=engine)
     sampling = dataclasses.replace(ctx.sampling, n=1, greedy=True,
                                    max_new_tokens=min(ctx.sampling.max_new_tokens, SYNC_CHECK_TOKENS))
@@ -212,6 +213,7 @@ class AsyncSource(StepSource):
         self.trained: ProducedBatch | None = None
         self._pending: list[ProducedBatch] = []
         self._sync_metrics: dict[str, float] = {}  # the last check of the producer's engine, for the next step
+        self._sync_error: Exception | None = None  # a failed check, raised when the next step asks for its batch
         self.producer = self._make_producer(buffered)
         # async/dropped_* count over the whole run, across resumes.
         self.producer.dropped_samples, self.producer.dropped_batches = drops
@@ -267,10 +269,20 @@ class AsyncSource(StepSource):
         self.producer.publish(t.step, self._snapshot())
         if self.config.sync_check_every and t.step < t.max_steps:  # the weights the first batch comes from
             self.producer.load_newest()  # the producer has not started: the engine is this thread's
-            self._sync_metrics = check_engine_sync(t, self.producer.engine, t.step)
+            self._check_sync(t.step)
         self.producer.start(torch.get_num_threads())
 
+    def _check_sync(self, step: int) -> None:
+        """:func:`check_engine_sync`; a failure is raised by the next :meth:`next`, so step ``step`` (trained
+        on checked weights) is still reported and saved, and the next step stops before it trains."""
+        try:
+            self._sync_metrics = check_engine_sync(self.trainer, self.producer.engine, step)
+        except (WeightSyncError, FloatingPointError) as exc:
+            self._sync_error = exc
+
     def next(self, step: int) -> SourcedStep:
+        if self._sync_error is not None:
+            raise self._sync_error
         producer = self.producer
         waited = time.perf_counter()
         item, staleness = producer.take(step)
@@ -294,13 +306,13 @@ class AsyncSource(StepSource):
         every = self.config.sync_check_every
         if every and step % every == 0 and step < self.trainer.max_steps:
             # Between two producer batches, on the weights just published: the ones the next batches come from.
-            with self.producer.engine_lock:
+            with self.producer.engine_first():
                 self.producer.load_newest()
-                self._sync_metrics = check_engine_sync(self.trainer, self.producer.engine, step)
+                self._check_sync(step)
 
     @contextlib.contextmanager
     def validation(self) -> Iterator[None]:
-        with self.producer.engine_lock:  # between two producer batches: the reward stage is the producer's too
+        with self.producer.engine_first():  # between two producer batches: the reward stage is the producer's too
             if self.producer.engine is self.trainer.rollout:  # it samples on this engine: the newest weights
                 self.producer.load_newest()
             yield

@@ -133,7 +133,7 @@ class RewardManager(RewardScorer):
                                       f"no reward named {key!r}{hint}; rewards: {sorted(known)}")
             if complete and key not in used:
                 raise RewardSpecError(f"reward.options.{key}",
-                                      f"this run scores with no {key!r} reward (its data uses {sorted(used)}), so "
+                                      f"this run scores with no {key!r} reward (it scores with {sorted(used)}), so "
                                       f"these settings would change nothing; remove them, or route a data_source "
                                       f"to it (reward.aliases)")
 
