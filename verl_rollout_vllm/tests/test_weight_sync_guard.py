@@ -85,3 +85,12 @@ def test_partial_rollouts_check_the_engine_right_after_each_sync(tmp_path):
     # Step 2 trained and was reported and saved; the check of its closing sync stopped step 3 before it trained.
     assert [r["step"] for r in trained] == [1, 2] and trained[1]["rollout/log_prob_diff_mean"] < 1e-5
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))[-1] == "step_000002"
+
+    # trainer.sync_check_every = 0 turns the check off: the same corrupt sync trains every step, unseen.
+    off = _trainer(tmp_path / "off", **{"trainer.mode": '"partial"', "trainer.token_budget": 2,
+                                        "trainer.sync_check_every": 0})
+    off.setup()
+    _corrupt_from_step(off, 2)
+    off.train()
+    rows = [json.loads(line) for line in (tmp_path / "off" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows if "actor/grad_norm" in r] == [1, 2, 3, 4]

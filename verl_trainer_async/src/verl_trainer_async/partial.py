@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from verl_core.contracts import ConfigError, RolloutOutput, SamplingParams, SourcedStep, StepSource
-from verl_core.kit import WeightSyncError, produce_rollout, sync_rollout_weights
-from verl_trainer_async.source import check_engine_sync, check_stale_samples, stale_sample_defaults
+from verl_core.kit import produce_rollout, sync_rollout_weights
+from verl_trainer_async.source import EngineCheck, check_stale_samples, stale_sample_defaults
 
 __all__ = ["PARTIAL_FILE", "PartialConfig", "PartialSource"]
 
@@ -160,16 +160,14 @@ class PartialSource(StepSource):
                                               "'colocate_async' with [environment]")
         #: Prompt groups drawn and not trained yet, in the order they were drawn.
         self.pool: list[_Group] = []
-        self._sync_metrics: dict[str, float] = {}  # the last check of the engine's weights, for the next step
-        self._sync_error: Exception | None = None  # a failed check, raised when the next step starts
+        self.engine_check = EngineCheck(config.sync_check_every)  # the run's engine, after each sync
         if resumed is not None and (resumed[0] / PARTIAL_FILE).is_file():
             saved = json.loads((resumed[0] / PARTIAL_FILE).read_text())
             self.pool = [_Group.from_state(g) for g in saved["groups"]]
 
     # -------------------------------------------------------------------- the step
     def next(self, step: int) -> SourcedStep:
-        if self._sync_error is not None:
-            raise self._sync_error
+        checked = self.engine_check.result()
         t = self.trainer
         rc = t.config.rollout.config
         want = t.config.data.batch_size
@@ -210,9 +208,8 @@ class PartialSource(StepSource):
             "partial/resumed_samples": float(sum(len(s.segments) > 1 for s in samples)),
             "partial/stale_token_frac": stale_tokens / max(1, trained_tokens),
             "partial/carried_samples": float(sum(len(s.tokens) > 0 for s in unfinished)),
-            "partial/pool_groups": float(len(self.pool)), **self._sync_metrics,
+            "partial/pool_groups": float(len(self.pool)), **checked,
         })
-        self._sync_metrics = {}
         return SourcedStep(prompts=rows, indices=[g.index for g in take] + list(t._drawn), produced=batch,
                            staleness=version - min(versions), metrics=metrics)
 
@@ -257,20 +254,14 @@ class PartialSource(StepSource):
     def start(self) -> None:
         # A batch with carried samples is stale and its step's own check skips it: the engine is checked
         # on the weights it starts from here, and after each sync below.
-        self._check_sync(self.trainer.step)
+        t = self.trainer
+        if self.engine_check.due(t, t.step, starting=True):
+            self.engine_check.run(t, t.rollout, t.step)
 
     def after_update(self, step: int) -> None:
         sync_rollout_weights(self.trainer.rollout, self.trainer.actor)
-        if step % max(1, self.config.sync_check_every) == 0:
-            self._check_sync(step)
-
-    def _check_sync(self, step: int) -> None:
-        """As :meth:`AsyncSource._check_sync <verl_trainer_async.source.AsyncSource>`: a failure stops the next step."""
-        if self.config.sync_check_every and step < self.trainer.max_steps:
-            try:
-                self._sync_metrics = check_engine_sync(self.trainer, self.trainer.rollout, step)
-            except (WeightSyncError, FloatingPointError) as exc:
-                self._sync_error = exc
+        if self.engine_check.due(self.trainer, step):
+            self.engine_check.run(self.trainer, self.trainer.rollout, step)
 
     # -------------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from verl_core.contracts import ConfigError
 from verl_trainer_async.producer import (BUFFER_FILE, ProducedBatch, RolloutProducer, load_buffer, save_buffer,
                                          snapshot_weights, with_version)
 
-__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "check_engine_sync", "check_stale_samples",
-           "generation_device", "stale_sample_defaults"]
+__all__ = ["AsyncConfig", "AsyncSource", "ASYNC_ROLLOUT_IS_CAP", "EngineCheck", "check_engine_sync",
+           "check_stale_samples", "generation_device", "stale_sample_defaults"]
 
 #: The truncated importance-sampling cap stale samples are weighed with, unless the algorithm section sets
 #: ``rollout_is_cap`` (0 turns it off). Measured in bench/results/async_curves.md: without it, one-step
@@ -133,6 +133,36 @@ def check_engine_sync(trainer: Any, engine: Any, step: int) -> dict[str, float]:
     return {k: v for k, v in ctx.metrics.items() if k.startswith("rollout/log_prob_diff")}
 
 
+class EngineCheck:
+    """A step source's :func:`check_engine_sync` every ``every`` updates (``trainer.sync_check_every``; 0: never).
+
+    A failure is held and raised by :meth:`result` when the next step asks for its batch, so the step that ended
+    (trained on checked weights) is still reported and saved, and the next one stops before it trains.
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.metrics: dict[str, float] = {}  # the last check's figures, for the next step's metrics
+        self.error: Exception | None = None
+
+    def due(self, trainer: Any, step: int, *, starting: bool = False) -> bool:
+        """Whether the weights after update ``step`` are checked (at the start: whatever ``every`` divides)."""
+        return bool(self.every) and step < trainer.max_steps and (starting or step % self.every == 0)
+
+    def run(self, trainer: Any, engine: Any, step: int) -> None:
+        try:
+            self.metrics = check_engine_sync(trainer, engine, step)
+        except (WeightSyncError, FloatingPointError) as exc:
+            self.error = exc
+
+    def result(self) -> dict[str, float]:
+        """The last check's figures, once; its failure raised instead."""
+        if self.error is not None:
+            raise self.error
+        metrics, self.metrics = self.metrics, {}
+        return metrics
+
+
 def generation_device(engine: Any) -> str:
     """The device an engine that shares the actor's weights generates on: that of the actor's module."""
     with engine.actor.generation_module() as module:
@@ -212,8 +242,7 @@ class AsyncSource(StepSource):
         #: The producer's batch the last step trained on.
         self.trained: ProducedBatch | None = None
         self._pending: list[ProducedBatch] = []
-        self._sync_metrics: dict[str, float] = {}  # the last check of the producer's engine, for the next step
-        self._sync_error: Exception | None = None  # a failed check, raised when the next step asks for its batch
+        self.engine_check = EngineCheck(config.sync_check_every)  # the producer's engine, after each update
         self.producer = self._make_producer(buffered)
         # async/dropped_* count over the whole run, across resumes.
         self.producer.dropped_samples, self.producer.dropped_batches = drops
@@ -267,22 +296,13 @@ class AsyncSource(StepSource):
     def start(self) -> None:
         t = self.trainer
         self.producer.publish(t.step, self._snapshot())
-        if self.config.sync_check_every and t.step < t.max_steps:  # the weights the first batch comes from
+        if self.engine_check.due(t, t.step, starting=True):  # the weights the first batch comes from
             self.producer.load_newest()  # the producer has not started: the engine is this thread's
-            self._check_sync(t.step)
+            self.engine_check.run(t, self.producer.engine, t.step)
         self.producer.start(torch.get_num_threads())
 
-    def _check_sync(self, step: int) -> None:
-        """:func:`check_engine_sync`; a failure is raised by the next :meth:`next`, so step ``step`` (trained
-        on checked weights) is still reported and saved, and the next step stops before it trains."""
-        try:
-            self._sync_metrics = check_engine_sync(self.trainer, self.producer.engine, step)
-        except (WeightSyncError, FloatingPointError) as exc:
-            self._sync_error = exc
-
     def next(self, step: int) -> SourcedStep:
-        if self._sync_error is not None:
-            raise self._sync_error
+        checked = self.engine_check.result()
         producer = self.producer
         waited = time.perf_counter()
         item, staleness = producer.take(step)
@@ -292,8 +312,7 @@ class AsyncSource(StepSource):
         metrics.update({"async/staleness": float(staleness), "async/weight_version": float(item.version),
                         "async/wait_for_batch_s": waited, "async/dropped_samples": float(producer.dropped_samples),
                         "async/dropped_batches": float(producer.dropped_batches),
-                        "async/producer_wait_s": producer.producer_wait_s, **self._sync_metrics})
-        self._sync_metrics = {}
+                        "async/producer_wait_s": producer.producer_wait_s, **checked})
         rows = self.trainer.train_rows
         batch_size = self.trainer.config.data.batch_size
         return SourcedStep(prompts=[rows[i] for i in item.prompt_indices[:batch_size]],
@@ -303,12 +322,11 @@ class AsyncSource(StepSource):
     def after_update(self, step: int) -> None:
         # A copy of the new weights, which the producer loads between batches.
         self.producer.publish(step, self._snapshot())
-        every = self.config.sync_check_every
-        if every and step % every == 0 and step < self.trainer.max_steps:
+        if self.engine_check.due(self.trainer, step):
             # Between two producer batches, on the weights just published: the ones the next batches come from.
             with self.producer.engine_first():
                 self.producer.load_newest()
-                self._check_sync(step)
+                self.engine_check.run(self.trainer, self.producer.engine, step)
 
     @contextlib.contextmanager
     def validation(self) -> Iterator[None]:
