@@ -51,6 +51,28 @@ def test_bad_vllm_settings_name_the_key(settings: dict[str, Any], key: str) -> N
         resolve_config({"rollout": {"name": "vllm", **settings}}, PluginRegistry())
 
 
+@pytest.mark.parametrize("settings, on_cpu, size, warned", [
+    ({}, True, 1.0, ""),                                               # CPU needs a size: 1 GiB
+    ({"kv_cache_gb": 0.25}, True, 0.25, ""),
+    ({"gpu_memory_utilization": 0.8}, True, 1.0, "no effect on CPU"),  # a verl config's key, said not dropped
+    ({}, False, None, ""),                                             # GPU: sized by gpu_memory_utilization
+    ({"gpu_memory_utilization": 0.8}, False, None, ""),
+    ({"kv_cache_gb": 0}, False, None, ""),
+    ({"kv_cache_gb": 4, "gpu_memory_utilization": 0.8}, False, 4, "vLLM ignores rollout.gpu_memory_utilization"),
+])
+def test_kv_cache_size_follows_the_setting_the_user_gave_and_names_one_that_has_no_effect(
+        settings: dict[str, Any], on_cpu: bool, size: float | None, warned: str,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, kv_cache_gb defaulted to 1 GiB everywhere: on a GPU, vLLM then ignored gpu_memory_utilization
+    # (imported from a verl config as 0.4-0.9) and ran a 7B model with a 1 GiB cache.
+    from verl_rollout_vllm.engine import VLLMRolloutConfig, _kv_cache_gb
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    with caplog.at_level("WARNING", logger="verl_rollout_vllm.engine"):
+        assert _kv_cache_gb(VLLMRolloutConfig(**settings), on_cpu) == size
+    assert (warned in caplog.text) if warned else not caplog.text, caplog.text
+
+
 def test_openai_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="sync_dir"):
         OpenAIRolloutConfig(weight_sync="checkpoint").validate()

@@ -114,11 +114,12 @@ class VLLMRolloutConfig(RolloutConfig):
     Attributes:
         dtype: engine dtype (``"float32"``, ``"bfloat16"``, ...); empty means the model's dtype
             (``model.dtype``). Compare log-probs with the trainer in float32.
-        kv_cache_gb: KV cache size in GiB. On CPU vLLM needs an explicit size (the environment
-            variable ``VLLM_CPU_KVCACHE_SPACE``, when set, overrides this); 0 on GPU means "use
-            ``gpu_memory_utilization``".
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only, when
-            ``kv_cache_gb`` is 0).
+        kv_cache_gb: KV cache size in GiB. Unset: 1 GiB on CPU, where vLLM needs an explicit size
+            (the environment variable ``VLLM_CPU_KVCACHE_SPACE``, when set, overrides this), and on
+            GPU the share ``gpu_memory_utilization`` gives. 0 counts as unset on GPU.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; unset: 0.5). A
+            fixed ``kv_cache_gb`` makes vLLM ignore it, so the engine warns when both are set, and
+            on CPU, where it has no effect.
         enforce_eager: run without CUDA graphs / compilation. Unset means true on CPU (compiling
             took 100+ s and was not faster for small models) and false on GPU.
         max_model_len: longest prompt plus response in tokens; 0 takes the model's limit.
@@ -138,8 +139,8 @@ class VLLMRolloutConfig(RolloutConfig):
     """
 
     dtype: str = ""
-    kv_cache_gb: float = 1.0
-    gpu_memory_utilization: float = 0.5
+    kv_cache_gb: float | None = None
+    gpu_memory_utilization: float | None = None
     enforce_eager: bool | None = None
     max_model_len: int = 0
     max_num_seqs: int = 0
@@ -157,9 +158,9 @@ class VLLMRolloutConfig(RolloutConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.kv_cache_gb < 0:
+        if self.kv_cache_gb is not None and self.kv_cache_gb < 0:
             raise ValueError("kv_cache_gb: must be >= 0 GiB")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size: must be at least 1")
@@ -172,6 +173,31 @@ class VLLMRolloutConfig(RolloutConfig):
         # Selecting the engine is the moment to say vLLM is missing: before any model loads.
         if not vllm_available():
             raise ValueError(f"the vllm rollout needs vLLM, which is not installed: {INSTALL_HINT}")
+
+
+def _kv_cache_gb(cfg: VLLMRolloutConfig, on_cpu: bool) -> float | None:
+    """The KV cache size to ask vLLM for, in GiB (None: vLLM sizes it by ``gpu_memory_utilization``).
+
+    Says which setting has no effect rather than dropping it: on CPU ``gpu_memory_utilization``, and
+    on GPU ``gpu_memory_utilization`` under a fixed ``kv_cache_gb``.
+    """
+    if not on_cpu:
+        if cfg.kv_cache_gb and cfg.gpu_memory_utilization is not None:
+            logger.warning("rollout.kv_cache_gb=%s fixes the KV cache size; vLLM ignores rollout.gpu_memory_utilization"
+                           "=%s (leave kv_cache_gb unset to size the cache by it)", cfg.kv_cache_gb,
+                           cfg.gpu_memory_utilization)
+        return cfg.kv_cache_gb or None
+    if cfg.gpu_memory_utilization is not None:
+        logger.warning("rollout.gpu_memory_utilization=%s has no effect on CPU; the KV cache is rollout.kv_cache_gb",
+                       cfg.gpu_memory_utilization)
+    env_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    size = 1.0 if cfg.kv_cache_gb is None else cfg.kv_cache_gb
+    if env_kv and float(env_kv) != size:
+        logger.warning("VLLM_CPU_KVCACHE_SPACE=%s GiB overrides rollout.kv_cache_gb=%s", env_kv, size)
+    if size <= 0 and not env_kv:
+        raise VLLMMemoryError("rollout.kv_cache_gb", "vLLM on CPU needs an explicit KV cache size; set it to a "
+                              "number of GiB, e.g. rollout.kv_cache_gb=1")
+    return size
 
 
 class VLLMRollout(RolloutEngine):
@@ -217,12 +243,7 @@ class VLLMRollout(RolloutEngine):
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
-        env_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if on_cpu and env_kv and float(env_kv) != cfg.kv_cache_gb:
-            logger.warning("VLLM_CPU_KVCACHE_SPACE=%s GiB overrides rollout.kv_cache_gb=%s", env_kv, cfg.kv_cache_gb)
-        if on_cpu and cfg.kv_cache_gb <= 0 and not env_kv:
-            raise VLLMMemoryError("rollout.kv_cache_gb", "vLLM on CPU needs an explicit KV cache size; set it to a "
-                                  "number of GiB, e.g. rollout.kv_cache_gb=1")
+        kv_gb = _kv_cache_gb(cfg, on_cpu)
         path = self._model_dir()
         kwargs: dict[str, Any] = dict(
             model=path,
@@ -241,12 +262,12 @@ class VLLMRollout(RolloutEngine):
             kwargs["max_model_len"] = cfg.max_model_len
         if cfg.max_num_seqs:
             kwargs["max_num_seqs"] = cfg.max_num_seqs
-        if cfg.kv_cache_gb > 0:
-            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * _GIB)
+        if kv_gb:
+            kwargs["kv_cache_memory_bytes"] = int(kv_gb * _GIB)
         if cfg.max_lora_rank:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
         if not on_cpu:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization or 0.5
             kwargs["enable_sleep_mode"] = cfg.enable_sleep_mode
         kwargs.update(cfg.engine_kwargs)
         vision = _vision_architecture(path)
@@ -263,7 +284,7 @@ class VLLMRollout(RolloutEngine):
                 message += (f". {vision} is a vision-language model: vLLM must build its multi-modal processor; "
                             f"where it cannot, use rollout.name='hf' (which generates with the images)")
             if _is_memory_error(exc):
-                key = "kv_cache_gb" if on_cpu or cfg.kv_cache_gb > 0 else "gpu_memory_utilization"
+                key = "kv_cache_gb" if on_cpu or kv_gb else "gpu_memory_utilization"
                 raise VLLMMemoryError(f"rollout.{key}", message) from exc
             raise VLLMStartError(message) from exc
         self.startup_seconds = time.perf_counter() - start
