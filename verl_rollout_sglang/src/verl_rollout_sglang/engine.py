@@ -44,7 +44,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
@@ -62,6 +62,9 @@ __all__ = ["SGLangRollout", "SGLangRolloutConfig", "SGLangWeightSyncError"]
 logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "disk", "tensor", "distributed")
+#: Settings of the server verl launches, which a server given by ``base_url`` was started without.
+LAUNCH_ONLY = ("server_python", "mem_fraction_static", "threads", "startup_timeout_s", "log_dir", "log_level",
+               "server_args")
 
 
 class SGLangWeightSyncError(WeightSyncError):
@@ -73,7 +76,9 @@ class SGLangRolloutConfig(RolloutConfig):
     """Settings of the SGLang rollout (``[rollout]`` with ``name = "sglang"``).
 
     Attributes:
-        base_url: an SGLang server that is already running; empty launches one per engine.
+        base_url: an SGLang server that is already running; empty launches one per engine. The
+            running server keeps the settings it was started with, so the launch settings
+            (:data:`LAUNCH_ONLY`) are refused beside it.
         server_python: the interpreter that runs the server; empty finds the environment that
             ``verl sglang setup`` built (see :mod:`verl_rollout_sglang.environment`).
         device: ``"cpu"`` or ``"cuda"``; empty takes CUDA when the trainer sees a GPU.
@@ -143,6 +148,12 @@ class SGLangRolloutConfig(RolloutConfig):
             raise ValueError("startup_timeout_s/request_timeout_s/flush_timeout_s: must be > 0 seconds")
         if self.max_retries < 0:
             raise ValueError("max_retries: must be >= 0")
+        given = [f.name for f in fields(self) if f.name in LAUNCH_ONLY and getattr(self, f.name) != (
+                 f.default if f.default_factory is MISSING else f.default_factory())]
+        if self.base_url and given:
+            raise ValueError(f"{given[0]}: with base_url verl connects to a running server, which keeps the settings "
+                             f"it was started with; {', '.join(given)} only apply to a server verl launches (pass them "
+                             f"to that server's launch command, or leave base_url empty)")
         # Selecting the engine is the moment to say SGLang is missing: before any model loads.
         if not self.base_url:
             try:
