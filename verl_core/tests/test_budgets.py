@@ -112,7 +112,9 @@ REPO = CORE.parents[2]
 #: (boundary.check_response_budget): Dr. GRPO's loss divides by it, and without it divided by each micro-batch's width.
 #: 5,784 (+1): the kit exports generate_batch and check_log_prob_gap, with which the overlapping step sources check
 #: their producer's engine after each weight sync (their batches come from older weights, which no step check sees).
-CORE_LINE_BUDGET = 5_784
+#: 5,792 (+8): validation samples with its own top_p/top_k (val_top_p, val_top_k, verl's val_kwargs; the training
+#: top_p applied to neither), and val_n > 1 with greedy validation is refused (it averaged val_n copies of one sample).
+CORE_LINE_BUDGET = 5_792
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

@@ -45,6 +45,10 @@ def test_int_is_accepted_for_float(registry):
     ({"run": {"max_steps": "ten"}}, "run.max_steps", "expected an integer"),
     ({"run": {"val_before_train": 1}}, "run.val_before_train", "expected true or false"),
     ({"rollout": {"n": 0}}, "rollout.n", "at least 1"),
+    ({"rollout": {"val_n": 0}}, "rollout.val_n", "at least 1"),
+    ({"rollout": {"val_top_p": 0}}, "rollout.val_top_p", "(0, 1]"),
+    # Greedy validation gives val_n copies of one sample: their mean is one sample's reward, counted val_n times.
+    ({"rollout": {"val_n": 4}}, "rollout.val_n", "set val_temperature > 0"),
     ({"algorithm": {"loss_agg_mode": "mean"}}, "algorithm.loss_agg_mode", "must be one of"),
     ({"backend": {"betas": [0.9]}}, "backend.betas", "expected 2 values"),
     ({"data": {"overlong": "truncate"}}, "data.overlong", "'truncate_left', 'truncate_right'"),
@@ -160,3 +164,11 @@ def test_a_plugin_section_cannot_take_a_name_the_config_object_uses(name):
 
     with pytest.raises(ConfigError, match="a name the Config class uses itself"):
         config_sections(OneSection())
+
+
+def test_validation_samples_with_its_own_top_p_and_top_k(registry):
+    rc = resolve_config({"rollout": {"top_p": 0.5, "val_temperature": 0.6, "val_n": 4, "val_top_p": 0.9,
+                                     "val_top_k": 20}}, registry).rollout.config
+    val, train = rc.sampling(validation=True), rc.sampling()
+    assert (val.n, val.temperature, val.top_p, val.top_k, val.greedy) == (4, 0.6, 0.9, 20, False)
+    assert (train.top_p, train.top_k) == (0.5, -1)

@@ -156,3 +156,17 @@ def test_verl_plugins_list_shows_the_verl_yaml_format() -> None:
     assert res.exit_code == 0, res.output
     row = next(line.split() for line in res.output.splitlines() if line.startswith("config_format"))
     assert row[1:3] == ["verl-yaml", "verl-config-import"] and row[-1] == "available"
+
+
+def test_verl_validation_sampling_maps_only_when_verl_samples(tmp_path: Path) -> None:
+    # verl validates greedily unless val_kwargs.do_sample is true, whatever temperature/top_p/top_k say.
+    out, cfg = _import("actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                       "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+                       "actor_rollout_ref.rollout.val_kwargs.top_p=0.95",
+                       "actor_rollout_ref.rollout.val_kwargs.top_k=20", "actor_rollout_ref.rollout.val_kwargs.n=4")
+    assert {k: v for k, v in cfg["rollout"].items() if k.startswith("val_")} == {
+        "val_temperature": 0.6, "val_top_p": 0.95, "val_top_k": 20, "val_n": 4}
+    out, cfg = _import("actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+                       "actor_rollout_ref.rollout.val_kwargs.top_p=0.95")
+    assert not any(k.startswith("val_") for k in cfg.get("rollout", {}))
+    assert "val_kwargs.temperature = 0.6: val_kwargs.do_sample is not true, so verl validates greedily" in out

@@ -174,7 +174,6 @@ _VERL_SAME = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout.tensor_parallel_size",
     "actor_rollout_ref.rollout.enforce_eager": "rollout.enforce_eager",
     "actor_rollout_ref.rollout.enable_chunked_prefill": None,
-    "actor_rollout_ref.rollout.val_kwargs.temperature": "rollout.val_temperature",
     "actor_rollout_ref.rollout.val_kwargs.n": "rollout.val_n",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "backend.log_prob_micro_batch_size",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "backend.log_prob_micro_batch_size",
@@ -192,6 +191,10 @@ _VERL_SAME = {
     "trainer.max_actor_ckpt_to_keep": "run.keep_checkpoints", "trainer.nnodes": "executor.nnodes",
     "trainer.n_gpus_per_node": "executor.procs_per_node", "reward_model.model.path": "reward.model_path",
 }
+
+#: verl's validation sampling, which it uses only with ``val_kwargs.do_sample = true``.
+_VAL_SAMPLE = "actor_rollout_ref.rollout.val_kwargs.do_sample"
+_VAL_SAMPLING = {f"actor_rollout_ref.rollout.val_kwargs.{k}": f"rollout.val_{k}" for k in ("temperature", "top_p", "top_k")}
 
 #: verl keys with no equivalent here, and why.
 _VERL_NONE = {
@@ -297,8 +300,14 @@ def _verl(flat: dict[str, Any], report: ImportReport) -> None:
                 resume = str(flat["trainer.resume_from_path"])
             if resume:
                 report.set(key, value, "run.resume", resume)
-        elif key == "trainer.resume_from_path":
+        elif key == "trainer.resume_from_path" or key == _VAL_SAMPLE:
             done.add(key)
+        elif key in _VAL_SAMPLING:  # verl samples in validation only with val_kwargs.do_sample (default false)
+            if flat.get(_VAL_SAMPLE) is True:
+                report.set(key, value, _VAL_SAMPLING[key], value, "val_kwargs.do_sample=true")
+            else:
+                report.unmapped.append((key, value, "val_kwargs.do_sample is not true, so verl validates greedily, "
+                                                    "as rollout.val_temperature=0 (the default) does here"))
         elif key == "trainer.logger":
             loggers = [value] if isinstance(value, str) else list(value)
             kept = [x for x in loggers if x in ("console", "wandb", "tensorboard")]

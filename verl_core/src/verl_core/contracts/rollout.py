@@ -104,7 +104,9 @@ class RolloutConfig:
         top_k: top-k sampling (-1 disables).
         max_new_tokens: most tokens in a response.
         val_temperature: temperature for validation (0 means greedy).
-        val_n: samples per prompt in validation.
+        val_n: samples per prompt in validation; over 1 needs ``val_temperature > 0`` (greedy ones are copies).
+        val_top_p: nucleus sampling mass in validation (verl's ``val_kwargs.top_p``).
+        val_top_k: top-k sampling in validation (-1 disables).
         max_log_prob_gap: the weight-sync guard: over this mean absolute difference per token between
             the engine's and the trainer's log-probs of the sampled tokens, the step stops before
             training on them (0: off). Unset, it follows the least precise ``compute_dtype`` of the
@@ -121,16 +123,22 @@ class RolloutConfig:
     max_new_tokens: int = 64
     val_temperature: float = 0.0
     val_n: int = 1
+    val_top_p: float = 1.0
+    val_top_k: int = -1
     max_log_prob_gap: float | None = None
     log_prob_gap_action: Literal["error", "warn"] = "error"
 
     def validate(self) -> None:
-        if self.n < 1:
-            raise ValueError("n: must be at least 1 sample per prompt")
-        if self.temperature < 0:
-            raise ValueError("temperature: must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p: must be in (0, 1]")
+        for name in ("", "val_"):  # the training sampling and the validation one
+            if getattr(self, f"{name}n") < 1:
+                raise ValueError(f"{name}n: must be at least 1 sample per prompt")
+            if getattr(self, f"{name}temperature") < 0:
+                raise ValueError(f"{name}temperature: must be >= 0")
+            if not 0 < getattr(self, f"{name}top_p") <= 1:
+                raise ValueError(f"{name}top_p: must be in (0, 1]")
+        if self.val_n > 1 and self.val_temperature <= 0:
+            raise ValueError(f"val_n: {self.val_n} greedy samples (val_temperature=0) are copies of one; set "
+                             f"val_temperature > 0 to sample different ones, or val_n=1")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens: must be at least 1")
         if self.max_log_prob_gap is not None and self.max_log_prob_gap < 0:
@@ -143,8 +151,8 @@ class RolloutConfig:
     def sampling(self, *, seed: int | None = None, validation: bool = False) -> SamplingParams:
         if validation:
             greedy = self.val_temperature == 0
-            return SamplingParams(n=self.val_n, temperature=self.val_temperature or 1.0, greedy=greedy,
-                                  max_new_tokens=self.max_new_tokens, seed=seed)
+            return SamplingParams(n=self.val_n, temperature=self.val_temperature or 1.0, greedy=greedy, seed=seed,
+                                  top_p=self.val_top_p, top_k=self.val_top_k, max_new_tokens=self.max_new_tokens)
         return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=self.max_new_tokens, seed=seed)
 
