@@ -88,3 +88,9 @@ def test_run_parallel_gets_independent_nodes():
     flow.run(ctx, run_parallel=run_parallel)
     assert seen == [2]
     assert set(ctx.metrics) == {"timing/a", "timing/b", "timing/c"}
+
+
+def test_a_cycle_is_refused_naming_its_nodes():
+    with pytest.raises(DataflowError, match="cycle: a -> b -> a"):
+        Dataflow([Node("gen", noop, writes=("batch",)), Node("a", noop, reads=("x",), writes=("y",)),
+                  Node("b", noop, reads=("y",), writes=("x",))])

@@ -26,6 +26,7 @@ __all__ = ["resolve_model_path", "check_model_source", "object_source", "OBJECT_
 
 
 def _create_worker(backend: Any, role: Role, model: ModelSpec, seed: int, world: Any) -> Any:
+    # Module level, not a closure: executors may pickle the factory (a partial of it) into worker processes.
     return backend.create_worker(role=role, model=model, world=world, seed=seed)
 
 
@@ -68,11 +69,6 @@ def check_model_source(path: str, key: str, *, need_config: bool = True, argumen
         raise ConfigError(key, f"{path!r} does not exist; give a local Hugging Face model directory, a builtin: "
                                f"model such as builtin:tiny-qwen2-addition, or a Hub id (owner/name) where a "
                                f"network exists")
-
-
-def _create_reward_model_worker(backend: Any, model: ModelSpec, seed: int, world: Any) -> Any:
-    # Module level, not a closure: executors may pickle the factory into worker processes.
-    return backend.create_worker(role=Role.REWARD_MODEL, model=model, world=world, seed=seed)
 
 
 def with_objects(config: Config, registry: Any, *, model: Any, tokenizer: Any, critic: Any) -> Config:
@@ -257,7 +253,7 @@ def start_reward_model(t: Any, backend: Any, path: str) -> None:
 
     cfg = t.config
     spec = ModelSpec(path=path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-    factory = functools.partial(_create_reward_model_worker, backend, spec, cfg.run.seed)
+    factory = functools.partial(_create_worker, backend, Role.REWARD_MODEL, spec, cfg.run.seed)
     group = t.executor.create_group(role=Role.REWARD_MODEL, factory=factory)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     t.reward.attach_reward_model(group, tokenizer)

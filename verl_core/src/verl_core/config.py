@@ -684,14 +684,13 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                pass
         raise ConfigError(path, f"expected {_type_name(hint)}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:

@@ -24,6 +24,7 @@ engine's weights after every step; no dataflow declares it.
 
 from __future__ import annotations
 
+import graphlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -172,24 +173,16 @@ def _levels(nodes: Sequence[Node]) -> list[list[Node]]:
             if name not in index:
                 raise DataflowError(f"node {node.name!r} runs after unknown node {name!r}; known: {names}")
             deps[i].add(index[name])
-    depth: dict[int, int] = {}
-    visiting: set[int] = set()
-
-    def level_of(i: int) -> int:
-        if i in depth:
-            return depth[i]
-        if i in visiting:
-            raise DataflowError(f"the dataflow has a cycle through {nodes[i].name!r}")
-        visiting.add(i)
-        depth[i] = 1 + max((level_of(j) for j in deps[i]), default=-1)
-        visiting.discard(i)
-        return depth[i]
-
-    for i in range(len(nodes)):
-        level_of(i)
-    levels: list[list[Node]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for i, node in enumerate(nodes):
-        levels[depth[i]].append(node)
+    sorter = graphlib.TopologicalSorter(deps)
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        raise DataflowError(f"the dataflow has a cycle: {' -> '.join(nodes[i].name for i in exc.args[1])}") from None
+    levels: list[list[Node]] = []
+    while sorter.is_active():  # a level: the nodes whose inputs the levels before it wrote
+        ready = sorted(sorter.get_ready())
+        levels.append([nodes[i] for i in ready])
+        sorter.done(*ready)
     return levels
 
 

@@ -37,7 +37,7 @@ from verl_core.rollout_utils import check_log_prob_gap, generate_batch
 if TYPE_CHECKING:
     from verl_core.step_context import StepContext
 
-__all__ = ["run", "produce", "BASELINE", "ENGINE_CHECK_SAMPLES"]
+__all__ = ["run", "produce", "generate", "BASELINE", "ENGINE_CHECK_SAMPLES"]
 
 #: ``batch.extras`` key of the greedy baseline's scores.
 BASELINE = "baseline_scores"
@@ -85,7 +85,8 @@ def _timed_add(ctx: "StepContext", key: str, start: float) -> None:
     ctx.metrics[key] = ctx.metrics.get(key, 0.0) + time.perf_counter() - start
 
 
-def _generate(ctx: "StepContext", prompts, sampling) -> Batch:
+def generate(ctx: "StepContext", prompts, sampling) -> Batch:
+    """Step 1 alone: the engine's batch, or the environment's episodes (their response budget checked)."""
     start = time.perf_counter()
     if ctx.make_environment is not None:
         # The trainer's make_environment is a functools.partial of the environment class.
@@ -144,7 +145,7 @@ def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
     When nothing survives at all the first round is kept unfiltered, so the step still trains on
     real samples. The reward metrics describe the step's own prompts, as for every algorithm.
     """
-    batch = _scored(ctx, _generate(ctx, ctx.prompts, ctx.sampling))
+    batch = _scored(ctx, generate(ctx, ctx.prompts, ctx.sampling))
     if request.filter is None:
         return batch
     target = len(ctx.prompts)
@@ -160,7 +161,7 @@ def _generate_scored(ctx: "StepContext", request: RolloutRequest) -> Batch:
             if sampling.seed is not None:
                 # A fresh seed per round: the same seed on new prompts would correlate the samples.
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + 7919 * rounds)
-            batch = _generate(ctx, ctx.draw_prompts(), sampling)
+            batch = generate(ctx, ctx.draw_prompts(), sampling)
             # Group ids restart at 0 in every round; shift them so groups of different rounds stay apart.
             batch = batch.replace(group_ids=batch.group_ids + rounds * target)
             batch = _scored(ctx, batch, record=False)
@@ -196,7 +197,7 @@ def _greedy_baseline(ctx: "StepContext", batch: Batch) -> torch.Tensor:
              "prompt_ids": PromptIds(batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist(),
                                      multi_modal_data=media[i], multi_modal_inputs=vision[i])}
             for i in first_row.values()]
-    greedy = _generate(ctx, rows, dataclasses.replace(ctx.sampling, n=1, greedy=True))
+    greedy = generate(ctx, rows, dataclasses.replace(ctx.sampling, n=1, greedy=True))
     start = time.perf_counter()
     scores, _ = ctx.reward.score(greedy)
     scores = check_scores(scores, len(greedy), source=ctx.boundary.scorer, step=ctx.step)

@@ -12,7 +12,7 @@ import torch
 from verl_core.boundary import check_scores, finite_rows
 from verl_core.contracts import ENV_REWARDS
 from verl_core.hooks import sample_records
-from verl_core.rollout_utils import generate_batch
+from verl_core.rollout_stage import generate
 
 __all__ = ["validate"]
 
@@ -33,13 +33,9 @@ def validate(t: Any) -> dict[str, float]:
     shown: dict[str, list[Any]] = {"tokens": [], "finish": [], "transcript": []}  # for the samples
     for s in range(0, len(rows), chunk):
         part = rows[s:s + chunk]
+        batch = generate(t.step_context(t.step, part), part, sampling)  # as the step's rollout stage does
         if t.make_environment is not None:  # whole trajectories, tools and all
-            batch = t.make_environment.func.run_episodes(  # a functools.partial of the environment class
-                t.rollout, part, sampling, t.make_environment, t.config.environment.config,
-                pad_id=t.tokenizer.pad_token_id, boundary=t.boundary, step=t.step)
             env_rewards.append(batch.extras[ENV_REWARDS].sum(-1))
-        else:
-            batch = generate_batch(t.rollout, part, sampling, boundary=t.boundary, step=t.step)
         mask = batch.response_attention_mask.bool()
         texts += t.tokenizer.batch_decode([ids[m].tolist() for ids, m in zip(batch.response_ids, mask)],
                                           skip_special_tokens=True)
