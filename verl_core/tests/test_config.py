@@ -49,6 +49,8 @@ def test_int_is_accepted_for_float(registry):
     ({"rollout": {"val_top_p": 0}}, "rollout.val_top_p", "(0, 1]"),
     # Greedy validation gives val_n copies of one sample: their mean is one sample's reward, counted val_n times.
     ({"rollout": {"val_n": 4}}, "rollout.val_n", "set val_temperature > 0"),
+    ({"rollout": {"val_top_p": 0.9}}, "rollout.val_top_p", "greedy validation"),  # would be accepted and unused
+    ({"rollout": {"val_top_k": 20}}, "rollout.val_top_k", "greedy validation"),
     ({"algorithm": {"loss_agg_mode": "mean"}}, "algorithm.loss_agg_mode", "must be one of"),
     ({"backend": {"betas": [0.9]}}, "backend.betas", "expected 2 values"),
     ({"data": {"overlong": "truncate"}}, "data.overlong", "'truncate_left', 'truncate_right'"),

@@ -105,8 +105,8 @@ class RolloutConfig:
         max_new_tokens: most tokens in a response.
         val_temperature: temperature for validation (0 means greedy).
         val_n: samples per prompt in validation; over 1 needs ``val_temperature > 0`` (greedy ones are copies).
-        val_top_p: nucleus sampling mass in validation (verl's ``val_kwargs.top_p``).
-        val_top_k: top-k sampling in validation (-1 disables).
+        val_top_p: nucleus sampling mass in validation (verl's ``val_kwargs.top_p``; needs ``val_temperature > 0``).
+        val_top_k: top-k sampling in validation (-1 disables; needs ``val_temperature > 0``).
         max_log_prob_gap: the weight-sync guard: over this mean absolute difference per token between
             the engine's and the trainer's log-probs of the sampled tokens, the step stops before
             training on them (0: off). Unset, it follows the least precise ``compute_dtype`` of the
@@ -139,6 +139,9 @@ class RolloutConfig:
         if self.val_n > 1 and self.val_temperature <= 0:
             raise ValueError(f"val_n: {self.val_n} greedy samples (val_temperature=0) are copies of one; set "
                              f"val_temperature > 0 to sample different ones, or val_n=1")
+        if self.val_temperature <= 0 and (self.val_top_p < 1 or self.val_top_k > 0):
+            raise ValueError(f"val_{'top_p' if self.val_top_p < 1 else 'top_k'}: greedy validation (val_temperature=0) "
+                             f"samples nothing to cut; set val_temperature > 0, or leave val_top_p/val_top_k unset")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens: must be at least 1")
         if self.max_log_prob_gap is not None and self.max_log_prob_gap < 0:
