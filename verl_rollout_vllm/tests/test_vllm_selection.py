@@ -58,7 +58,7 @@ def test_bad_vllm_settings_name_the_key(settings: dict[str, Any], key: str) -> N
     ({}, False, None, ""),                                             # GPU: sized by gpu_memory_utilization
     ({"gpu_memory_utilization": 0.8}, False, None, ""),
     ({"kv_cache_gb": 0}, False, None, ""),
-    ({"kv_cache_gb": 4, "gpu_memory_utilization": 0.8}, False, 4, "vLLM ignores rollout.gpu_memory_utilization"),
+    ({"kv_cache_gb": 4, "gpu_memory_utilization": 0.8}, False, 4, "then sizes nothing"),
 ])
 def test_kv_cache_size_follows_the_setting_the_user_gave_and_names_one_that_has_no_effect(
         settings: dict[str, Any], on_cpu: bool, size: float | None, warned: str,

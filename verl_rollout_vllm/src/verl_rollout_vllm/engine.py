@@ -117,9 +117,9 @@ class VLLMRolloutConfig(RolloutConfig):
         kv_cache_gb: KV cache size in GiB. Unset: 1 GiB on CPU, where vLLM needs an explicit size
             (the environment variable ``VLLM_CPU_KVCACHE_SPACE``, when set, overrides this), and on
             GPU the share ``gpu_memory_utilization`` gives. 0 counts as unset on GPU.
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; unset: 0.5). A
-            fixed ``kv_cache_gb`` makes vLLM ignore it, so the engine warns when both are set, and
-            on CPU, where it has no effect.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; unset: 0.5). Under a
+            fixed ``kv_cache_gb`` it sizes nothing (vLLM only checks that this share is free at
+            start), so the engine warns when both are set, and on CPU, where it has no effect.
         enforce_eager: run without CUDA graphs / compilation. Unset means true on CPU (compiling
             took 100+ s and was not faster for small models) and false on GPU.
         max_model_len: longest prompt plus response in tokens; 0 takes the model's limit.
@@ -183,9 +183,9 @@ def _kv_cache_gb(cfg: VLLMRolloutConfig, on_cpu: bool) -> float | None:
     """
     if not on_cpu:
         if cfg.kv_cache_gb and cfg.gpu_memory_utilization is not None:
-            logger.warning("rollout.kv_cache_gb=%s fixes the KV cache size; vLLM ignores rollout.gpu_memory_utilization"
-                           "=%s (leave kv_cache_gb unset to size the cache by it)", cfg.kv_cache_gb,
-                           cfg.gpu_memory_utilization)
+            logger.warning("rollout.kv_cache_gb=%s fixes the KV cache size; rollout.gpu_memory_utilization=%s then sizes "
+                           "nothing (vLLM only checks at start that this share of GPU memory is free); leave "
+                           "kv_cache_gb unset to size the cache by it", cfg.kv_cache_gb, cfg.gpu_memory_utilization)
         return cfg.kv_cache_gb or None
     if cfg.gpu_memory_utilization is not None:
         logger.warning("rollout.gpu_memory_utilization=%s has no effect on CPU; the KV cache is rollout.kv_cache_gb",
