@@ -162,6 +162,22 @@ def test_resuming_a_grpo_directory_as_ppo_or_with_another_model_exits_2_and_chan
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.parametrize("change, listed", [
+    ("rollout.n=2", "rollout.n: 4 -> 2"),  # GRPO's group: another baseline for every advantage
+    ("rollout.temperature=0.7", "rollout.temperature: 1.0 -> 0.7"),  # samples from another distribution
+])
+def test_resuming_with_another_training_sampling_exits_2(tmp_path, run_verl, grpo_run, change, listed):
+    # Before, the rollout section was all "safe": the resume trained on other samples and said so only in
+    # resumes.jsonl. The engine (rollout.name) and the validation sampling still may change.
+    run_dir = _copy(grpo_run, tmp_path)
+    before = snapshot(run_dir)
+    res = run_verl("run", *[a for a in FAST if not a.startswith(change.split("=")[0] + "=")], change,
+                   f"run.output_dir='{run_dir}'", "run.max_steps=3")
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert listed in res.stderr and "Traceback" not in res.stderr
+    assert snapshot(run_dir) == before
+
+
 def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_runs(tmp_path, grpo_run):
     from typer.testing import CliRunner
 
@@ -170,12 +186,13 @@ def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_
     run_dir = _copy(grpo_run, tmp_path)
     config = (run_dir / "config.toml").read_bytes()
     result = CliRunner().invoke(app, ["run", *FAST, "run.max_steps=3", "run.save_every=1", "data.max_val_samples=8",
-                                      f"run.output_dir='{run_dir}'"])
+                                      "rollout.val_temperature=0.5", f"run.output_dir='{run_dir}'"])
     assert result.exit_code == 0, result.output[-3000:]
     assert (run_dir / "config.toml").read_bytes() == config
     [entry] = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
     assert entry["checkpoint"] == "step_000002" and entry["forced"] == []
-    assert entry["changed"] == {"run.max_steps": [2, 3], "run.save_every": [50, 1], "data.max_val_samples": [40, 8]}
+    assert entry["changed"] == {"run.max_steps": [2, 3], "run.save_every": [50, 1], "data.max_val_samples": [40, 8],
+                                "rollout.val_temperature": [0.0, 0.5]}
     assert train_steps(run_dir) == [1, 2, 3]
 
 

@@ -10,7 +10,7 @@
   locks a warning says so, and the host and pid in ``run.lock`` are the only check;
 * ``config.toml`` is the first run's and is never rewritten. A run that resumes must train what the
   directory holds (:func:`resume_conflicts`: algorithm, model, reward, data, environment, seed, backend and
-  its parallel layout); settings safe to change (``run.max_steps``, loggers, cadences, ...) are recorded,
+  its parallel layout, the training sampling); settings safe to change (``run.max_steps``, loggers, cadences, ...) are recorded,
   one line per resumed segment, in ``resumes.jsonl``. ``run.resume = "never"`` starts over after moving
   the earlier run's files to ``superseded-<time>/``; ``run.resume = "force"`` resumes whatever differs.
 """
@@ -56,9 +56,12 @@ SAFE_KEYS = frozenset({"data.val", "data.val_split", "data.max_val_samples", "da
                        # an async checkpoint resumes in sync mode with its buffered prompts (the README's promise).
                        "algorithm.rollout_is_cap"})
 #: Settings of other sections that are part of it: the backend (the parallel layout is found from
-#: ``BackendConfig.for_single_process``), the adapters that decide which parameters exist, the seed.
+#: ``BackendConfig.for_single_process``), the adapters that decide which parameters exist, the seed, and the
+#: training sampling: the group size (GRPO's baseline), the distribution the samples come from, and the response
+#: budget (Dr. GRPO's loss divides by it). The engine and the validation sampling may change.
 TRAINED_KEYS = frozenset({"backend.name", "backend.lora_rank", "backend.lora_alpha", "backend.lora_target_modules",
-                          "run.seed"})
+                          "run.seed", "rollout.n", "rollout.temperature", "rollout.top_p", "rollout.top_k",
+                          "rollout.max_new_tokens"})
 
 
 class RunDirectoryError(ConfigError):
