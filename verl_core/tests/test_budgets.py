@@ -118,7 +118,9 @@ REPO = CORE.parents[2]
 #: validation episodes get the response-budget check too); the dataflow's levels come from graphlib (standard
 #: library) instead of a hand-written depth search; the reward model's worker factory is the one of every role.
 #: 5,780 (+3), review of the validation sampling: val_top_p/val_top_k with greedy validation are refused, not unused.
-CORE_LINE_BUDGET = 5_780
+#: 5,782 (+2): a float setting of NaN is a config error naming its key (it passed every range check, and a NaN
+#: entropy_coef loaded the model and stopped at step 1 blaming the learning rate).
+CORE_LINE_BUDGET = 5_782
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

@@ -46,6 +46,12 @@ def test_int_is_accepted_for_float(registry):
     ({"run": {"val_before_train": 1}}, "run.val_before_train", "expected true or false"),
     ({"rollout": {"n": 0}}, "rollout.n", "at least 1"),
     ({"rollout": {"val_n": 0}}, "rollout.val_n", "at least 1"),
+    # NaN slips past every range check: before, entropy_coef=nan loaded the model and stopped at step 1 with
+    # "actor loss is nan ... (lower backend.lr, or check the rewards for NaN)", exit 1.
+    ({"rollout": {"temperature": float("nan")}}, "rollout.temperature", "got nan"),
+    ({"algorithm": {"entropy_coef": float("nan")}}, "algorithm.entropy_coef", "got nan"),
+    ({"backend": {"grad_clip": float("nan")}}, "backend.grad_clip", "got nan"),
+    ({"rollout": {"max_log_prob_gap": float("nan")}}, "rollout.max_log_prob_gap", "got nan"),  # float | None
     ({"rollout": {"val_top_p": 0}}, "rollout.val_top_p", "(0, 1]"),
     # Greedy validation gives val_n copies of one sample: their mean is one sample's reward, counted val_n times.
     ({"rollout": {"val_n": 4}}, "rollout.val_n", "set val_temperature > 0"),

@@ -721,6 +721,8 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
             return value
         raise ConfigError(path, f"expected an integer, got {value!r}")
     if hint is float:
+        if value != value:  # NaN passes every range check (each comparison with it is false)
+            raise ConfigError(path, "expected a number, got nan")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(path, f"expected a number, got {value!r}")
