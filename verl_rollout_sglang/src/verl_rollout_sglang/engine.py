@@ -148,9 +148,9 @@ class SGLangRolloutConfig(RolloutConfig):
             raise ValueError("startup_timeout_s/request_timeout_s/flush_timeout_s: must be > 0 seconds")
         if self.max_retries < 0:
             raise ValueError("max_retries: must be >= 0")
-        given = [f.name for f in fields(self) if f.name in LAUNCH_ONLY and getattr(self, f.name) != (
+        given = [f.name for f in fields(self) if self.base_url and f.name in LAUNCH_ONLY and getattr(self, f.name) != (
                  f.default if f.default_factory is MISSING else f.default_factory())]
-        if self.base_url and given:
+        if given:
             raise ValueError(f"{given[0]}: with base_url verl connects to a running server, which keeps the settings "
                              f"it was started with; {', '.join(given)} only apply to a server verl launches (pass them "
                              f"to that server's launch command, or leave base_url empty)")

@@ -10,8 +10,8 @@
   locks a warning says so, and the host and pid in ``run.lock`` are the only check;
 * ``config.toml`` is the first run's and is never rewritten. A run that resumes must train what the
   directory holds (:func:`resume_conflicts`: algorithm, model, reward, data, environment, seed, backend and
-  its parallel layout, the training sampling); settings safe to change (``run.max_steps``, loggers, cadences, ...) are recorded,
-  one line per resumed segment, in ``resumes.jsonl``. ``run.resume = "never"`` starts over after moving
+  its parallel layout, the training sampling); settings safe to change (``run.max_steps``, loggers, cadences,
+  ...) are recorded, one line per resumed segment, in ``resumes.jsonl``. ``run.resume = "never"`` starts over after moving
   the earlier run's files to ``superseded-<time>/``; ``run.resume = "force"`` resumes whatever differs.
 """
 
