@@ -177,6 +177,28 @@ def test_export_loads_with_identical_logits(tmp_path, run_verl):
         got = model(input_ids=ids).logits
     assert torch.equal(got, expected)
 
+    # A run recorded by an older release, with a setting this one refuses outside [run], [model] and [backend]
+    # (greedy validation with val_n > 1, once accepted and unused), still exports: only those build the actor.
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
+    recorded = (ckpt / "config.toml").read_text()
+    assert "val_n = 1\n" in recorded and "val_temperature = 0.0\n" in recorded
+    (ckpt / "config.toml").write_text(recorded.replace("val_n = 1\n", "val_n = 2\n"))
+    _reseal(ckpt, "config.toml")
+    res = run_verl("export", str(ckpt), str(tmp_path / "hf-old"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "hf-old").eval()(input_ids=ids).logits, got)
+
+
+def _reseal(ckpt, rel: str) -> None:
+    """Record ``rel``'s new content in the checkpoint's manifest, as if it had been written so."""
+    from verl_run_store.checkpoints import MANIFEST, _checksum
+
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    meta = manifest["files"][rel]
+    algorithm = "xxh3_128" if "xxh3_128" in meta else "sha256"
+    manifest["files"][rel] = {"bytes": (ckpt / rel).stat().st_size, algorithm: _checksum(ckpt / rel, algorithm)}
+    (ckpt / MANIFEST).write_text(json.dumps(manifest))
+
 
 @pytest.mark.slow
 def test_ppo_runs_with_critic_and_reference(tmp_path, run_verl):

@@ -2,7 +2,7 @@
 
 ``Trainer(config).train()`` (:mod:`verl_core`) runs; :func:`check` does everything a run checks before
 step 1 without the run (``verl run --dry-run``) and returns what it found (:class:`Plan`);
-:func:`saved_run` opens a checkpoint with the config it was saved with (``verl export``). The errors
+:func:`saved_run` opens a checkpoint with the settings it was saved with (``verl export``). The errors
 a started run stops with, beyond the user errors of ``config``/``registry``/``contracts``:
 :data:`RUN_FAILURES`, :class:`CheckpointWriteError` and :class:`Preempted` (exit :data:`PREEMPTED_EXIT`).
 """
@@ -113,7 +113,7 @@ def check(cfg: Config, registry: Any) -> Plan:
 
 @dataclass
 class SavedRun:
-    """A checkpoint opened by :func:`saved_run`: the config it was saved with and the model it trains."""
+    """A checkpoint opened by :func:`saved_run`: its saved run, model and backend settings and the model it trains."""
 
     checkpoint: Path
     config: Config
@@ -126,7 +126,7 @@ class SavedRun:
 
 
 def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None, *, store: str = "local") -> SavedRun:
-    """Open a checkpoint (or a run directory's latest), verified, with the config it was saved with.
+    """Open a checkpoint (or a run directory's latest), verified, with the settings it was saved with.
 
     The model comes from the run's own copy (:meth:`~verl_core.contracts.RunStore.model_copies`) where it has
     one, so the original model directory may be gone. ``store``: the ``run.store`` plugin that wrote it.
@@ -139,7 +139,9 @@ def saved_run(path: str | os.PathLike, registry: PluginRegistry | None = None, *
     config_file = ckpt / "config.toml"
     if not config_file.is_file():
         raise CheckpointError(f"{ckpt} has no config.toml; it was not written by verl")
-    raw = load_raw_config(config_file)
+    # Only the sections that build the actor: a setting elsewhere that a later release refuses (greedy validation
+    # with rollout.val_n > 1, once accepted and unused) must not lock a run's weights in.
+    raw = {k: v for k, v in load_raw_config(config_file).items() if k in ("run", "model", "backend")}
     copies = copy_overrides(run, raw.get("model", {}))
     cfg = resolve_config(apply_overrides(raw, [*copies, "run.resume=\"never\""]), registry)
     if cfg.run.store != store:
