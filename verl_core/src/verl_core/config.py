@@ -721,8 +721,10 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
             return value
         raise ConfigError(path, f"expected an integer, got {value!r}")
     if hint is float:
-        if value != value:  # NaN passes every range check (each comparison with it is false)
-            raise ConfigError(path, "expected a number, got nan")
+        # NaN passes every range check (each comparison with it is false), inf every one without an upper bound:
+        # a temperature of inf samples uniformly, a kl_coef or lr of inf trains on NaN.
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(path, f"expected a finite number, got {value}")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(path, f"expected a number, got {value!r}")
