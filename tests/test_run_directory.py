@@ -178,7 +178,7 @@ def test_resuming_with_another_training_sampling_exits_2(tmp_path, run_verl, grp
     assert snapshot(run_dir) == before
 
 
-def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_runs(tmp_path, grpo_run):
+def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_runs(tmp_path, grpo_run, caplog):
     from typer.testing import CliRunner
 
     from verl_cli.cli import app
@@ -193,6 +193,10 @@ def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_
     assert entry["checkpoint"] == "step_000002" and entry["forced"] == []
     assert entry["changed"] == {"run.max_steps": [2, 3], "run.save_every": [50, 1], "data.max_val_samples": [40, 8],
                                 "rollout.val_temperature": [0.0, 0.5]}
+    # ... and said on the console, which the first run's config.toml no longer describes.
+    assert (f"resuming {run_dir} with other settings that do not change what is trained (in resumes.jsonl; "
+            f"config.toml keeps the first run's): run.max_steps: 2 -> 3; run.save_every: 50 -> 1; "
+            f"data.max_val_samples: 40 -> 8; rollout.val_temperature: 0.0 -> 0.5") in caplog.messages
     assert train_steps(run_dir) == [1, 2, 3]
 
 

@@ -11,8 +11,9 @@
 * ``config.toml`` is the first run's and is never rewritten. A run that resumes must train what the
   directory holds (:func:`resume_conflicts`: algorithm, model, reward, data, environment, seed, backend and
   its parallel layout, the training sampling); settings safe to change (``run.max_steps``, loggers, cadences,
-  ...) are recorded, one line per resumed segment, in ``resumes.jsonl``. ``run.resume = "never"`` starts over after moving
-  the earlier run's files to ``superseded-<time>/``; ``run.resume = "force"`` resumes whatever differs.
+  ...) are recorded, one line per resumed segment, in ``resumes.jsonl`` and listed on the console.
+  ``run.resume = "never"`` starts over after moving the earlier run's files to ``superseded-<time>/``;
+  ``run.resume = "force"`` resumes whatever differs.
 """
 
 from __future__ import annotations
@@ -371,6 +372,10 @@ def record_config(run_dir: Path, config: Config, registry: Any) -> None:
     if conflicts:
         logger.warning("run.resume='force': resuming %s with settings that change what is trained: %s", run_dir,
                        "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts))
+    if safe:  # said once here, or only resumes.jsonl would show what the run's config.toml no longer says
+        logger.warning("resuming %s with other settings that do not change what is trained (in %s; config.toml "
+                       "keeps the first run's): %s", run_dir, RESUME_LOG,
+                       "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, (a, b) in safe.items()))
     if not (run_dir / CONFIG_FILE).is_file():  # a new directory resumed from another run's checkpoint
         _write_atomic(run_dir / CONFIG_FILE, text)
     try:  # the checkpoint this segment starts from (a corrupt one set aside on resume is not known yet)
