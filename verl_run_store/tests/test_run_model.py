@@ -115,3 +115,27 @@ def test_a_deleted_model_directory_is_replaced_by_the_runs_copy_of_it(tmp_path, 
     assert stand_in(run, "model.path", source) == str(run / MODEL_COPY)
     assert stand_in(run, "model.path", str(tmp_path / "never-copied")) == str(tmp_path / "never-copied")
     assert stand_in(run, "model.critic_path", source) == source  # no critic copy stands for it
+
+
+def test_lengths_fitted_to_a_deleted_model_come_from_its_copy_in_the_default_run_directory(
+        tmp_path, models, monkeypatch) -> None:
+    """The same ``verl run --model <dir>`` again, its model deleted and no run.output_dir given: the prompt and
+    response lengths are fitted to the copy (64 positions), as in the first run, not left at 512 + 64."""
+    import shutil
+
+    from verl_core.config import RunConfig, resolve_config
+    from verl_core.registry import PluginRegistry
+    from verl_core.testing import tiny_model_dir
+
+    _, _, tok = models
+    source = tiny_model_dir(tmp_path / "models")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / RunConfig.output_dir
+    run.mkdir(parents=True)
+    write_run_models(run, _model_section(source), model=None, tokenizer=tok, critic=None)
+    registry = PluginRegistry()
+    first = resolve_config({"model": {"path": source}}, registry)
+    shutil.rmtree(tmp_path / "models")
+    again = resolve_config({"model": {"path": source}}, registry)
+    assert (again.data.max_prompt_length, again.rollout.config.max_new_tokens) == (48, 16)
+    assert (first.data.max_prompt_length, first.rollout.config.max_new_tokens) == (48, 16)
