@@ -194,8 +194,8 @@ def test_safe_changes_resume_and_are_recorded_while_config_toml_stays_the_first_
     assert entry["changed"] == {"run.max_steps": [2, 3], "run.save_every": [50, 1], "data.max_val_samples": [40, 8],
                                 "rollout.val_temperature": [0.0, 0.5]}
     # ... and said on the console, which the first run's config.toml no longer describes.
-    assert (f"resuming {run_dir} with other settings that do not change what is trained (in resumes.jsonl; "
-            f"config.toml keeps the first run's): run.max_steps: 2 -> 3; run.save_every: 50 -> 1; "
+    assert (f"resuming {run_dir} with other settings that do not change what is trained (recorded in resumes.jsonl; "
+            f"the earlier ones are in {run_dir / 'config.toml'}): run.max_steps: 2 -> 3; run.save_every: 50 -> 1; "
             f"data.max_val_samples: 40 -> 8; rollout.val_temperature: 0.0 -> 0.5") in caplog.messages
     assert train_steps(run_dir) == [1, 2, 3]
 

@@ -56,7 +56,8 @@ def test_int_is_accepted_for_float(registry):
     # or lr=inf stopped at step 1 on a NaN loss, blaming the learning rate.
     ({"rollout": {"temperature": float("inf")}}, "rollout.temperature", "expected a finite number, got inf"),
     ({"algorithm": {"kl_coef": float("inf")}}, "algorithm.kl_coef", "got inf"),
-    ({"backend": {"lr": float("-inf")}}, "backend.lr", "got -inf"),
+    ({"backend": {"lr": float("inf")}}, "backend.lr", "got inf"),
+    ({"rollout": {"max_log_prob_gap": float("inf")}}, "rollout.max_log_prob_gap", "expected a finite number"),
     ({"rollout": {"val_top_p": 0}}, "rollout.val_top_p", "(0, 1]"),
     # Greedy validation gives val_n copies of one sample: their mean is one sample's reward, counted val_n times.
     ({"rollout": {"val_n": 4}}, "rollout.val_n", "set val_temperature > 0"),

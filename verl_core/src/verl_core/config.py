@@ -685,13 +685,14 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        tried = [arg for arg in args if arg is not type(None)]
+        for arg in tried:
             try:
                 return _coerce(value, arg, path)
-            except ConfigError:
-                pass
+            except ConfigError as exc:
+                error = exc
+        if len(tried) == 1:  # ``X | None``: X's own reason (an inf is a float, but not a finite one)
+            raise error
         raise ConfigError(path, f"expected {_type_name(hint)}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:

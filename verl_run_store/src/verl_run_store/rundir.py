@@ -372,9 +372,9 @@ def record_config(run_dir: Path, config: Config, registry: Any) -> None:
     if conflicts:
         logger.warning("run.resume='force': resuming %s with settings that change what is trained: %s", run_dir,
                        "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts))
-    if safe:  # said once here, or only resumes.jsonl would show what the run's config.toml no longer says
-        logger.warning("resuming %s with other settings that do not change what is trained (in %s; config.toml "
-                       "keeps the first run's): %s", run_dir, RESUME_LOG,
+    if safe:  # said once here, or only resumes.jsonl would show what the recorded config no longer says
+        logger.warning("resuming %s with other settings that do not change what is trained (recorded in %s; the "
+                       "earlier ones are in %s): %s", run_dir, RESUME_LOG, reference,
                        "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, (a, b) in safe.items()))
     if not (run_dir / CONFIG_FILE).is_file():  # a new directory resumed from another run's checkpoint
         _write_atomic(run_dir / CONFIG_FILE, text)
