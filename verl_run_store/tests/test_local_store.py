@@ -45,3 +45,25 @@ def test_a_run_resumes_only_through_the_store_it_recorded(tmp_path):
         saved_config(run_dir, [], registry, given=set(), store="elsewhere")
     with pytest.raises(ConfigError, match=r"^run.store: .* is kept by run store 'local'"):
         saved_config(run_dir, ['run.store="elsewhere"'], registry, given=set())
+
+
+def test_a_run_that_rewound_keeps_its_own_checkpoints_and_sets_the_later_ones_aside(tmp_path, caplog):
+    """``run.resume=<step 20>`` in a directory that also holds step 30, then saves step 25: by step number, pruning
+    kept the abandoned step 30 and deleted the rewound run's own checkpoints, and ``latest`` fell back to step 30."""
+    from verl_run_store.checkpoints import CheckpointManager
+
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20, 30):
+        manager.save(step, lambda d: (d / "f").write_text("x"), info={})
+    assert [p.name for p in manager.complete()] == ["step_000020", "step_000030"]
+    manager.save(25, lambda d: (d / "f").write_text("rewound"), info={})  # the run resumed from step 20
+    assert [p.name for p in manager.complete()] == ["step_000020", "step_000025"]
+    assert (manager.root / "rewound-step_000030" / "f").read_text() == "x"  # kept, never taken
+    assert "the later checkpoints of the run it rewound were set aside as rewound-step_000030" in caplog.text
+    (manager.root / "latest").unlink()
+    assert manager.latest().name == "step_000025"
+    for step in (30, 35):  # the rewound run goes on: pruned as usual, its step 30 the new one
+        manager.save(step, lambda d: (d / "f").write_text("rewound"), info={})
+    assert [p.name for p in manager.complete()] == ["step_000030", "step_000035"]
+    assert (manager.root / "step_000030" / "f").read_text() == "rewound"
+    assert sorted(p.name for p in manager.root.glob("rewound-*")) == ["rewound-step_000030"]

@@ -5,6 +5,7 @@ Layout under ``<run_dir>/checkpoints``::
     step_000010/            # complete checkpoint: worker states + trainer_state.json + manifest.json
     latest                  # text file naming the newest complete checkpoint, written last
     corrupt-step_000012/    # a checkpoint that failed its manifest on resume, set aside (never taken)
+    rewound-step_000020/    # one past the checkpoint a run resumed from, set aside when that run saved again
 
 A checkpoint is written under a temporary name and renamed into place only when complete, so a crash
 mid-write never leaves a directory that resume would take; a write that fails (a full disk, an I/O
@@ -48,6 +49,8 @@ class CorruptCheckpointError(CheckpointError):
 
 MANIFEST = "manifest.json"
 QUARANTINE_PREFIX = "corrupt-"
+#: Prefix of the checkpoints a run left behind when it resumed an earlier one and saved again.
+REWOUND_PREFIX = "rewound-"
 
 
 # ----------------------------------------------------------------------------- checksums
@@ -168,7 +171,8 @@ class CheckpointManager:
             (tmp / MANIFEST).write_text(json.dumps({"step": step, "info": info, "checksum": algorithm,
                                                     "files": files}, indent=1))
             _sync_tree(tmp)  # on disk before the name says complete: a power cut never publishes empty files
-            if final.exists():
+            self._set_aside_later(step)
+            if final.exists():  # an incomplete one (no manifest): nothing to keep
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync(self.root)  # the rename itself, before `latest` names it
@@ -211,6 +215,19 @@ class CheckpointManager:
         _fsync(tmp)
         os.replace(tmp, self.root / "latest")
         _fsync(self.root)
+
+    def _set_aside_later(self, step: int) -> None:
+        """Set aside the complete checkpoints at or past ``step`` before it is published: a run that resumed an
+        earlier checkpoint (``run.resume=<path>``) left them behind. Pruned by step, they would delete the new
+        checkpoints instead, and a ``latest`` that falls back to the highest step would resume them. Renamed
+        ``rewound-step_*``: kept for inspection, never taken or pruned."""
+        later = [p for p in self.complete() if (_step_of(p) or 0) >= step]
+        if later:
+            aside = [self._set_aside(p, REWOUND_PREFIX).name for p in later]
+            _fsync(self.root)
+            logger.warning("step %d is saved after a resume from an earlier checkpoint: the later checkpoints of the "
+                           "run it rewound were set aside as %s (kept, never resumed or pruned; delete them when not "
+                           "needed)", step, ", ".join(aside))
 
     def _remove_stale_temporaries(self) -> None:
         """Half-written (or half-deleted) checkpoints of processes that are gone (killed mid-save) only take space."""
@@ -270,7 +287,7 @@ class CheckpointManager:
                         f"{exc}; set run.on_corrupt_checkpoint=\"fallback\" to resume from the checkpoint before it",
                         path=exc.path, file=exc.file) from None
                 skipped.append(exc)
-                aside = self._quarantine(candidate)
+                aside = self._set_aside(candidate, QUARANTINE_PREFIX)
                 logger.warning("%s; set aside as %s, trying the checkpoint before it", exc, aside.name)
                 continue
             if skipped:
@@ -281,12 +298,13 @@ class CheckpointManager:
             f"as {QUARANTINE_PREFIX}step_*. Restore a copy, or start over with --resume never",
             path=skipped[-1].path, file=skipped[-1].file)
 
-    def _quarantine(self, path: Path) -> Path:
-        target = path.with_name(QUARANTINE_PREFIX + path.name)
+    @staticmethod
+    def _set_aside(path: Path, prefix: str) -> Path:
+        target = path.with_name(prefix + path.name)
         n = 1
         while target.exists():
             n += 1
-            target = path.with_name(f"{QUARANTINE_PREFIX}{path.name}.{n}")
+            target = path.with_name(f"{prefix}{path.name}.{n}")
         os.replace(path, target)
         return target
 
