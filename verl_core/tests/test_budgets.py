@@ -128,7 +128,10 @@ REPO = CORE.parents[2]
 #: run.output_dir was looked in; the same command run again then resumed with 512 + 64 tokens against 48 + 16).
 #: 5,788 (+1), review: a ``float | None`` setting of inf says "expected a finite number", its float's own reason,
 #: not "expected float | None, got inf" (the one-type union passes on its type's error).
-CORE_LINE_BUDGET = 5_788
+#: 5,793 (+5): settings read as something else are refused: backend.grad_clip < 0 (no clipping), weight_decay < 0,
+#: log_prob_micro_batch_size and logits_chunk_size < 1 (read as 1: a forward per sample or token),
+#: data.val_batch_size < 0 (validated nothing) and data.max_val_samples < 0 (dropped the last prompt).
+CORE_LINE_BUDGET = 5_793
 
 #: The ``verl_core`` modules that code outside the core (every distribution's ``src``, the ``verl``
 #: facade) imports today. Target of issue #29: at most 8 (the contracts, Batch, config types, the

@@ -65,6 +65,17 @@ def test_int_is_accepted_for_float(registry):
     ({"rollout": {"val_top_k": 20}}, "rollout.val_top_k", "greedy validation"),
     ({"algorithm": {"loss_agg_mode": "mean"}}, "algorithm.loss_agg_mode", "must be one of"),
     ({"backend": {"betas": [0.9]}}, "backend.betas", "expected 2 values"),
+    # Each was read as 1 (a forward per token or sample) or as "no clipping" without a word.
+    ({"backend": {"grad_clip": -1.0}}, "backend.grad_clip", "must be >= 0 (0 disables clipping)"),
+    ({"backend": {"logits_chunk_size": 0}}, "backend.logits_chunk_size", "must be >= 1"),
+    ({"backend": {"log_prob_micro_batch_size": -4}}, "backend.log_prob_micro_batch_size", "must be >= 1"),
+    ({"backend": {"weight_decay": -0.1}}, "backend.weight_decay", "must be >= 0"),
+    ({"backend": {"lora_rank": 8, "lora_alpha": 0}}, "backend.lora_alpha", "must be > 0"),  # trained nothing
+    ({"backend": {"lora_rank": 8, "lora_dropout": 1.0}}, "backend.lora_dropout", "[0, 1)"),
+    ({"backend": {"autocast": "float16"}}, "backend.autocast", "needs loss scaling"),  # FSDP has no GradScaler
+    ({"backend": {"param_dtype": "float16"}}, "backend.param_dtype", "needs loss scaling"),
+    ({"data": {"val_batch_size": -1}}, "data.val_batch_size", "must be >= 0"),  # validated nothing: a NaN reward
+    ({"data": {"max_val_samples": -1}}, "data.max_val_samples", "must be >= 0"),  # dropped the last prompt
     ({"data": {"overlong": "truncate"}}, "data.overlong", "'truncate_left', 'truncate_right'"),
 ])
 def test_errors_name_the_key(registry, raw, path, fragment):

@@ -70,7 +70,7 @@ class FSDPConfig(BackendConfig):
         param_dtype: dtype of parameters during forward/backward (mixed precision); master
             weights and optimizer state stay in the model's dtype. FSDP casts each layer's
             parameters at every gather (forward and again in backward).
-        autocast: ``"bfloat16"`` or ``"float16"`` runs the forwards under ``torch.autocast``
+        autocast: ``"bfloat16"`` runs the forwards under ``torch.autocast``
             (matmuls and attention in that dtype, softmax, norms and the loss in float32, each weight
             cast once per forward); parameters, gradients and optimizer state stay in the model's
             dtype. ``"off"`` (the default) runs in the compute dtype. On a CPU with bf16 matmuls
@@ -131,6 +131,9 @@ class FSDPConfig(BackendConfig):
             ``"auto"`` (the default) shares where the model is a text decoder on padded rows (not
             ``remove_padding``, not vision); ``"true"`` fails on a model it cannot serve; ``"false"``
             never shares.
+
+    ``weight_decay`` decays every parameter, biases and norm weights included (torch's AdamW over one
+    group); the Megatron backend leaves those two out, as Megatron does.
     """
 
     param_dtype: str = "float32"
@@ -166,11 +169,19 @@ class FSDPConfig(BackendConfig):
             if getattr(self, key) not in _DTYPES:
                 raise ValueError(f"{key}: must be one of {sorted(_DTYPES)}")
         check_autocast(self.autocast)
+        for key in ("param_dtype", "autocast"):  # a GradScaler's job, which this backend does not do
+            if getattr(self, key) == "float16":
+                raise ValueError(f"{key}: float16 training needs loss scaling, which this backend does not do "
+                                 f"(small gradients would underflow to 0 unseen); use 'bfloat16'")
         if self.autocast != "off" and self.param_dtype != "float32":
             raise ValueError(f"autocast={self.autocast!r} with param_dtype={self.param_dtype!r}: two ways to "
                              f"compute in lower precision; set param_dtype='float32' or autocast='off'")
         if self.lora_rank < 0:
             raise ValueError("lora_rank: must be >= 0 (0 trains all weights)")
+        if self.lora_alpha <= 0:  # the update is scaled by lora_alpha / lora_rank: 0 trains nothing
+            raise ValueError("lora_alpha: must be > 0")
+        if not 0 <= self.lora_dropout < 1:  # 1 drops the whole LoRA path: nothing trains
+            raise ValueError("lora_dropout: must be in [0, 1)")
         if self.micro_batch_max_tokens < 0:
             raise ValueError("micro_batch_max_tokens: must be >= 0 (0 uses micro_batch_size)")
         if self.lora_sync not in ("merged", "adapters"):

@@ -189,7 +189,7 @@ class DataConfig:
             (``save_to_disk`` or a folder of data files), or a Hub dataset id where a network exists.
         val: validation data in the same forms (default: the built-in task's test split, or none).
         train_split: split to read from a dataset directory or Hub id that holds several.
-        val_split: split to read for validation from a dataset directory or Hub id.
+        val_split: split of ``data.val`` to read when it is a dataset directory or Hub id.
         batch_size: prompts per RL step (each sampled ``rollout.n`` times).
         val_batch_size: prompts per validation generation call (0: all at once).
         max_val_samples: cap on validation prompts (0: all).
@@ -248,6 +248,9 @@ class DataConfig:
             raise ConfigError("max_bad_rows", "must be >= 0 (0: the first bad row stops the run)")
         if self.batch_size < 1:
             raise ConfigError("batch_size", "must be at least 1 prompt per step")
+        for key in ("val_batch_size", "max_val_samples"):  # -1 is not "all" here, as in run.val_samples
+            if getattr(self, key) < 0:
+                raise ConfigError(key, "must be >= 0 (0: all)")
         overlong = ("filter", "truncate_left", "truncate_right", "truncate_middle", "error")
         if self.overlong not in overlong:
             raise ConfigError("overlong", f"must be one of {list(overlong)}")

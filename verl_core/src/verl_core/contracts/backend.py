@@ -139,8 +139,10 @@ class BackendConfig:
             raise ValueError("warmup_steps/total_training_steps: must be >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("min_lr_ratio: must be in [0, 1] (a fraction of lr)")
-        if self.micro_batch_size <= 0:
-            raise ValueError("micro_batch_size: must be a positive number of samples")
+        for key, low in (("micro_batch_size", 1), ("log_prob_micro_batch_size", 1), ("logits_chunk_size", 1),
+                         ("grad_clip", 0), ("weight_decay", 0)):  # below: read as 1 or as "no clipping" before
+            if getattr(self, key) < low:
+                raise ValueError(f"{key}: must be >= {low}" + (" (0 disables clipping)" if key == "grad_clip" else ""))
 
 
 class TrainingWorker(abc.ABC):
