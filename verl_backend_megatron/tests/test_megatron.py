@@ -95,6 +95,21 @@ def test_log_probs_and_updates_match_the_fsdp_backend(qwen2: str) -> None:
     fsdp.close()
 
 
+def test_weight_decay_leaves_biases_and_norm_weights_alone(qwen2: str) -> None:
+    """Megatron's convention, which the config documents: before, every parameter decayed (the norm weights
+    shrank towards 0), since wd_mult=0 takes effect only through the LR scheduler this backend does not use."""
+    batch = _batch(_hf(qwen2))
+    updated = {}
+    for decay in (0.0, 0.5):
+        worker = _megatron(qwen2, weight_decay=decay)
+        worker.update_policy(batch, loss_fn=simple_policy_loss, mini_batch_size=0, epochs=1)
+        updated[decay] = dict(worker.iter_weights())
+    exempt = [k for k in updated[0.0] if k.endswith((".bias", "norm.weight"))]
+    assert "model.norm.weight" in exempt and "model.layers.0.self_attn.q_proj.bias" in exempt
+    for k, v in updated[0.0].items():
+        assert torch.equal(v, updated[0.5][k]) == (k in exempt), k
+
+
 def test_llama_with_tied_embeddings_and_gqa_converts_exactly(llama_tied: str) -> None:
     hf = _hf(llama_tied)
     worker = _megatron(llama_tied)

@@ -710,6 +710,9 @@ class MegatronWorker(TrainingWorker):
         lr = base * self.config.lr_factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+            # Megatron marks biases and norm weights wd_mult=0, which only its OptimizerParamScheduler (not used
+            # here) applies: without this line they decayed like every other weight.
+            group["weight_decay"] = self.config.weight_decay * group.get("wd_mult", 1.0)
         return lr
 
     def _sum_over_dp(self, value: float) -> float:
