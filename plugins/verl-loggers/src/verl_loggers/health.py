@@ -78,8 +78,8 @@ class HealthMonitor:
         """The ``(check, message)`` pairs that start failing with these metrics."""
         failing: dict[str, str] = {}
         if "data/val_prompts" in metrics and not metrics["data/val_prompts"] and self.validates:
-            failing["no_validation"] = ("validation skipped: the data has no test split (set data.val to a "
-                                        "validation file, or data.val_split to a split the dataset has)")
+            failing["no_validation"] = ("validation skipped: there are no validation prompts (set data.val to a "
+                                        "validation file, or to a dataset with data.val_split naming its split)")
         flat = metrics.get("reward/flat_group_frac")
         if flat is not None:
             self._flat_run = self._flat_run + 1 if flat >= 1.0 else 0
