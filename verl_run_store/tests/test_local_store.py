@@ -59,7 +59,7 @@ def test_a_run_that_rewound_keeps_its_own_checkpoints_and_sets_the_later_ones_as
     manager.save(25, lambda d: (d / "f").write_text("rewound"), info={})  # the run resumed from step 20
     assert [p.name for p in manager.complete()] == ["step_000020", "step_000025"]
     assert (manager.root / "rewound-step_000030" / "f").read_text() == "x"  # kept, never taken
-    assert "the later checkpoints of the run it rewound were set aside as rewound-step_000030" in caplog.text
+    assert "they were set aside as rewound-step_000030 (kept" in caplog.text
     (manager.root / "latest").unlink()
     assert manager.latest().name == "step_000025"
     for step in (30, 35):  # the rewound run goes on: pruned as usual, its step 30 the new one
@@ -67,3 +67,18 @@ def test_a_run_that_rewound_keeps_its_own_checkpoints_and_sets_the_later_ones_as
     assert [p.name for p in manager.complete()] == ["step_000030", "step_000035"]
     assert (manager.root / "step_000030" / "f").read_text() == "rewound"
     assert sorted(p.name for p in manager.root.glob("rewound-*")) == ["rewound-step_000030"]
+
+
+def test_a_checkpoint_published_but_not_yet_named_latest_is_replaced_not_set_aside(tmp_path):
+    """A kill between a checkpoint's rename and ``latest``: the resume takes the one before it and saves the same
+    step again, which is the same history, not a rewind (nothing is set aside, so nothing leaks)."""
+    from verl_run_store.checkpoints import CheckpointManager
+
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20):
+        manager.save(step, lambda d: (d / "f").write_text("first"), info={})
+    (manager.root / "latest").write_text("step_000010\n")  # as the kill left it
+    manager.save(20, lambda d: (d / "f").write_text("again"), info={})
+    assert [p.name for p in manager.complete()] == ["step_000010", "step_000020"]
+    assert (manager.root / "step_000020" / "f").read_text() == "again"
+    assert not list(manager.root.glob("rewound-*"))

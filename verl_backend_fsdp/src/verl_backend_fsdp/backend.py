@@ -178,9 +178,9 @@ class FSDPConfig(BackendConfig):
                              f"compute in lower precision; set param_dtype='float32' or autocast='off'")
         if self.lora_rank < 0:
             raise ValueError("lora_rank: must be >= 0 (0 trains all weights)")
-        if self.lora_alpha <= 0:  # the update is scaled by lora_alpha / lora_rank: 0 trains nothing
+        if self.lora_rank and self.lora_alpha <= 0:  # the update is scaled by lora_alpha / lora_rank
             raise ValueError("lora_alpha: must be > 0")
-        if not 0 <= self.lora_dropout < 1:  # 1 drops the whole LoRA path: nothing trains
+        if self.lora_rank and not 0 <= self.lora_dropout < 1:  # 1 drops the whole LoRA path: nothing trains
             raise ValueError("lora_dropout: must be in [0, 1)")
         if self.micro_batch_max_tokens < 0:
             raise ValueError("micro_batch_max_tokens: must be >= 0 (0 uses micro_batch_size)")

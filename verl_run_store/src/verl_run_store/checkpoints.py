@@ -217,16 +217,19 @@ class CheckpointManager:
         _fsync(self.root)
 
     def _set_aside_later(self, step: int) -> None:
-        """Set aside the complete checkpoints at or past ``step`` before it is published: a run that resumed an
-        earlier checkpoint (``run.resume=<path>``) left them behind. Pruned by step, they would delete the new
-        checkpoints instead, and a ``latest`` that falls back to the highest step would resume them. Renamed
-        ``rewound-step_*``: kept for inspection, never taken or pruned."""
-        later = [p for p in self.complete() if (_step_of(p) or 0) >= step]
+        """Set aside the published checkpoints from ``step`` up to the one ``latest`` names, before ``step`` is
+        published: a run that resumed an earlier checkpoint (``run.resume=<path>``) left them behind. Pruned by
+        step, they would delete the new checkpoints instead, and a ``latest`` that falls back to the highest step
+        would resume them. Renamed ``rewound-step_*``: kept for inspection, never taken or pruned. One past
+        ``latest`` was never published (a kill between its rename and ``latest``) and is replaced as before."""
+        pointer = self.root / "latest"
+        top = _step_of(Path(pointer.read_text().strip())) if pointer.is_file() else None
+        later = [p for p in self.complete() if top is not None and step <= (_step_of(p) or 0) <= top]
         if later:
             aside = [self._set_aside(p, REWOUND_PREFIX).name for p in later]
             _fsync(self.root)
-            logger.warning("step %d is saved after a resume from an earlier checkpoint: the later checkpoints of the "
-                           "run it rewound were set aside as %s (kept, never resumed or pruned; delete them when not "
+            logger.warning("step %d is saved again while checkpoints at or past it exist (the run resumed an earlier "
+                           "one): they were set aside as %s (kept, never resumed or pruned; delete them when not "
                            "needed)", step, ", ".join(aside))
 
     def _remove_stale_temporaries(self) -> None:
