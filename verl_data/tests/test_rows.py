@@ -1,6 +1,7 @@
 """Prompt data: every source format, both row shapes, chat templates, overlong prompts."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -119,7 +120,21 @@ def test_verl_rows_render_with_the_chat_template(tokenizer):
     assert first["ground_truth"] == "0" and first["data_source"] == "openai/gsm8k"
     assert first["extra_info"] == {"index": 0} and first["raw"]["ability"] == "math"
     assert first["prompt_messages"][0] == {"role": "system", "content": "Be brief."}
-    assert stats.kept == 2 and stats.dropped == 0
+    assert stats.kept == 2 and stats.dropped == 0 and stats.own_system == 0
+
+
+def test_a_row_with_its_own_system_message_keeps_it_and_is_counted(tokenizer, caplog):
+    """data.system_prompt went unused on such rows without a word (verl-format data often carries one)."""
+    from verl_data.rows import _report
+
+    own = {**VERL_ROWS[0], "prompt": [{"role": "system", "content": "Answer in French."}, *VERL_ROWS[0]["prompt"]]}
+    rows, stats = render_rows([own, VERL_ROWS[1]], tokenizer, system_prompt="Be brief.")
+    assert [r["prompt_messages"][0]["content"] for r in rows] == ["Answer in French.", "Be brief."]
+    assert stats.own_system == 1
+    _report(SimpleNamespace(max_bad_rows=0, max_prompt_length=512, overlong="filter", answer_key="answer"),
+            "training", stats)
+    assert "data: 1 of 2 training prompts have a system message of their own, kept instead of data.system_prompt" \
+        in caplog.text
 
 
 def test_plain_columns_with_configured_names_and_raw_text(tokenizer):

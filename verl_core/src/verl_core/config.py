@@ -196,7 +196,7 @@ class DataConfig:
         prompt_key: column with the prompt (a chat message list or a plain string).
         answer_key: column with the ground truth when there is no ``reward_model`` column.
         data_source: ``data_source`` for rows that have none (it picks the reward when reward.name="auto").
-        system_prompt: a system message put in front of every prompt (empty: none).
+        system_prompt: a system message put in front of every prompt without one (empty: none).
         max_prompt_length: prompts longer than this many tokens are handled per ``overlong``.
         overlong: ``"filter"`` (drop and count), ``"truncate_left"`` / ``"truncate_right"`` /
             ``"truncate_middle"`` (cut tokens from that part of the prompt), or ``"error"``.

@@ -249,6 +249,7 @@ class PromptStats:
         truncated: prompts cut to ``data.max_prompt_length`` (``overlong="truncate_*"``).
         missing_ground_truth: kept rows with neither ``reward_model.ground_truth`` nor an answer column.
         raw_text_fallback: chat template asked for, but the tokenizer has none (raw text used).
+        own_system: rows that kept their own system message instead of ``data.system_prompt``.
         bad: rows skipped as unusable (``data.max_bad_rows``), unreadable lines included.
         bad_examples: what was wrong with the first few of them.
     """
@@ -259,6 +260,7 @@ class PromptStats:
     truncated: int = 0
     missing_ground_truth: int = 0
     raw_text_fallback: bool = False
+    own_system: int = 0
     bad: int = 0
     bad_examples: list[str] = field(default_factory=list)
 
@@ -354,6 +356,7 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
         except DataError as exc:
             stats.skip_bad(str(exc).removeprefix(f"{source}: "), source=source, limit=max_bad_rows)
             continue
+        stats.own_system += bool(system_prompt) and messages[0]["content"] != system_prompt
         images = _images_of(row, i, messages, processor=processor, image_key=image_key, source=source,
                             max_image_pixels=max_image_pixels, stats=stats, limit=max_bad_rows)
         if images is None:
@@ -503,6 +506,9 @@ def _report(config: Any, what: str, stats: PromptStats) -> None:
     if stats.truncated:
         logger.warning("data: truncated %d of %d %s prompts to data.max_prompt_length=%d (data.overlong=%r)",
                        stats.truncated, stats.rows, what, config.max_prompt_length, config.overlong)
+    if stats.own_system:
+        logger.warning("data: %d of %d %s prompts have a system message of their own, kept instead of "
+                       "data.system_prompt", stats.own_system, stats.rows, what)
     if stats.raw_text_fallback:
         logger.warning("data: the tokenizer has no chat template; %s prompts are used as raw text "
                        "(set data.apply_chat_template=false to say so)", what)
