@@ -573,9 +573,9 @@ def _max_positions(path: str, run: Any, registry: Any) -> Any:
     """``max_position_embeddings`` from a local model directory's config.json (None if there is none); from
     the run directory's copy of it when the directory is gone (:meth:`~verl_core.contracts.RunStore.stand_in`)."""
     run = run if isinstance(run, Mapping) else {}  # a run.output_dir left unset is the default one
-    if run.get("output_dir", RunConfig.output_dir):
+    if output_dir := run.get("output_dir", RunConfig.output_dir):
         store = plugin_for_key(registry, "run_store", str(run.get("store", RunConfig.store)), "run.store")
-        path = store(Path(str(run.get("output_dir", RunConfig.output_dir)))).stand_in("model.path", path, note=False)
+        path = store(Path(str(output_dir))).stand_in("model.path", path, note=False)
     try:
         return json.loads((Path(path).expanduser() / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):

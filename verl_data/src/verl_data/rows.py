@@ -356,11 +356,11 @@ def render_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_key: s
         except DataError as exc:
             stats.skip_bad(str(exc).removeprefix(f"{source}: "), source=source, limit=max_bad_rows)
             continue
-        stats.own_system += bool(system_prompt) and messages[0]["content"] != system_prompt
         images = _images_of(row, i, messages, processor=processor, image_key=image_key, source=source,
                             max_image_pixels=max_image_pixels, stats=stats, limit=max_bad_rows)
         if images is None:
             continue
+        stats.own_system += bool(system_prompt) and messages[0]["content"] != system_prompt  # a row kept
         if images[0] is not None:
             messages, with_images[len(texts)], text = images
         elif use_template:

@@ -172,7 +172,7 @@ class CheckpointManager:
                                                     "files": files}, indent=1))
             _sync_tree(tmp)  # on disk before the name says complete: a power cut never publishes empty files
             self._set_aside_later(step)
-            if final.exists():  # an incomplete one (no manifest): nothing to keep
+            if final.exists():  # incomplete, or past `latest` (never published): replaced
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync(self.root)  # the rename itself, before `latest` names it
@@ -224,7 +224,9 @@ class CheckpointManager:
         ``latest`` was never published (a kill between its rename and ``latest``) and is replaced as before."""
         pointer = self.root / "latest"
         top = _step_of(Path(pointer.read_text().strip())) if pointer.is_file() else None
-        later = [p for p in self.complete() if top is not None and step <= (_step_of(p) or 0) <= top]
+        if top is None:
+            return
+        later = [p for p in self.complete() if step <= (_step_of(p) or 0) <= top]
         if later:
             aside = [self._set_aside(p, REWOUND_PREFIX).name for p in later]
             _fsync(self.root)

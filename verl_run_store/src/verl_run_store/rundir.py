@@ -273,6 +273,10 @@ def _value(v: Any) -> str:
     return "(unset)" if v is None else json.dumps(v, default=str)
 
 
+def _change(key: str, a: Any, b: Any) -> str:
+    return f"{key}: {_value(a)} -> {_value(b)}"
+
+
 def _reference_config(run_dir: Path, resume: str) -> Path | None:
     """The config a resume must match: the directory's, else that of the checkpoint named by ``run.resume``."""
     if (run_dir / CONFIG_FILE).is_file():
@@ -320,7 +324,7 @@ def _starts_over(run_dir: Path, resume: str, reference: Path) -> bool:
 
 
 def _refusal(run_dir: Path, reference: Path, conflicts: list[tuple[str, Any, Any]]) -> RunDirectoryError:
-    listed = "".join(f"\n  {k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts)
+    listed = "".join(f"\n  {_change(*c)}" for c in conflicts)
     return RunDirectoryError("", f"{run_dir} holds a run trained with other settings (its {reference.name}); "
                                  f"resuming it with these would train something else:{listed}\nNothing was "
                                  f"changed. Resume it with its own settings, give this run a new --output-dir, "
@@ -371,11 +375,11 @@ def record_config(run_dir: Path, config: Config, registry: Any) -> None:
         raise _refusal(run_dir, reference, conflicts)
     if conflicts:
         logger.warning("run.resume='force': resuming %s with settings that change what is trained: %s", run_dir,
-                       "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, a, b in conflicts))
+                       "; ".join(_change(*c) for c in conflicts))
     if safe:  # said once here, or only resumes.jsonl would show what the recorded config no longer says
         logger.warning("resuming %s with other settings that do not change what is trained (recorded in %s; the "
                        "earlier ones are in %s): %s", run_dir, RESUME_LOG, reference,
-                       "; ".join(f"{k}: {_value(a)} -> {_value(b)}" for k, (a, b) in safe.items()))
+                       "; ".join(_change(k, a, b) for k, (a, b) in safe.items()))
     if not (run_dir / CONFIG_FILE).is_file():  # a new directory resumed from another run's checkpoint
         _write_atomic(run_dir / CONFIG_FILE, text)
     try:  # the checkpoint this segment starts from (a corrupt one set aside on resume is not known yet)
